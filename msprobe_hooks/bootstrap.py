@@ -1,0 +1,90 @@
+"""Activation: validate the configuration once, set up logging, register the lazy patches.
+
+The shim calls :func:`activate_from_shim`; code that cannot use the shim (a Ray
+``worker_process_setup_hook``, a notebook) calls :func:`activate`. Neither imports torch,
+msprobe or any patch target: patches are applied when their targets are imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from . import config as config_module
+from . import patching
+from .config import Config, ConfigError
+from .registry import all_patches
+
+log = logging.getLogger("msprobe_hooks")
+
+_active: Config | None = None
+
+
+def _setup_logging(level: str) -> None:
+    log.setLevel(level)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[msprobe-hooks %(process)d] %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        # Our own handler: the host's root logging configuration neither hides nor duplicates us.
+        log.propagate = False
+
+
+def activate(environ: dict[str, str] | None = None) -> Config | None:
+    """Activate in this process when DUMP_ON is on; idempotent. Raises ConfigError on bad input."""
+    global _active
+    if _active is not None:
+        return _active
+    env = os.environ if environ is None else environ
+    cfg = config_module.load(env)
+    if not cfg.enabled:
+        return None
+    try:
+        patches = all_patches(cfg.extra_patches)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raw = env.get(config_module.PREFIX + "EXTRA_PATCHES", "")
+        why = f"{type(exc).__name__}: {exc}"
+        raise ConfigError(
+            [
+                f"{config_module.PREFIX}EXTRA_PATCHES={raw!r} is not valid ({why}); "
+                "accepted: module:attribute references to Patch records"
+            ]
+        ) from None
+    config_module.check_patch_names(cfg, [p.name for p in patches])
+    _setup_logging(cfg.log_level)
+    env.update(config_module.pinned_environment(cfg, env))
+    for name in cfg.unknown_names:
+        hint = config_module.suggest(name)
+        log.warning("unknown variable %s ignored%s", name, f" (did you mean {hint}?)" if hint else "")
+    _active = cfg
+    patching.register(patches, cfg.disabled, cfg.strict)
+    log.debug("active: %d patches registered, output under %s", len(patches), cfg.output_dir)
+    return cfg
+
+
+def activate_from_shim() -> None:
+    """The shim's entry point: a bad configuration stops the process (exit 2) before user code runs.
+
+    ``os._exit``, not SystemExit: during ``site`` start-up SystemExit becomes a fatal-error traceback
+    and status 1. Nothing has run yet that an exit handler would need to flush.
+    """
+    try:
+        activate()
+    except ConfigError as exc:
+        for problem in exc.problems:
+            sys.stderr.write(f"msprobe-hooks: error: {problem}\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+
+def current_config() -> Config | None:
+    """The configuration this process activated with, or None when inactive."""
+    return _active
+
+
+def deactivate() -> None:
+    """Revert all patches and forget the activation (tests)."""
+    global _active
+    patching.unpatch_all()
+    _active = None

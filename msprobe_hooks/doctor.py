@@ -19,11 +19,10 @@ from importlib import metadata
 from . import config as config_module
 from . import contracts, patching
 from .bootstrap import current_config
+from .debugger import MSPROBE_DISTRIBUTION, MSPROBE_SUPPORTED
 from .launch import shim_dir
 from .registry import Patch, all_patches
 
-MSPROBE_DISTRIBUTION = "mindstudio-probe"
-MSPROBE_SUPPORTED = ">=26.2,<26.3"
 
 
 def _sitecustomize_files(path: list[str]) -> list[str]:

@@ -1,0 +1,81 @@
+"""The process's one msprobe ``PrecisionDebugger``, shared by every patch that dumps.
+
+msprobe's debugger is a silent process singleton: a second construction with another config
+returns the first object. So this module creates it once, remembers which config and dump root
+it was made for, and refuses (one clear line) a second, different request instead of letting
+two users corrupt each other's dumps. The step/recording helpers read msprobe internals that
+are pinned by the supported msprobe versions (``MSPROBE_SUPPORTED``) and covered by tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+MSPROBE_DISTRIBUTION = "mindstudio-probe"
+MSPROBE_SUPPORTED = ">=26.2,<26.3"
+DEFAULT_ACTOR_CONFIG = os.path.join(os.path.dirname(__file__), "data", "default_actor_config.json")
+
+
+class DebuggerUnavailable(RuntimeError):
+    """msprobe cannot be imported, or the process's debugger was made for something else."""
+
+
+_lock = threading.Lock()
+_created_for: tuple[str, str] | None = None  # (config path, dump root) of the debugger we made
+
+
+def _precision_debugger_class() -> Any:
+    try:
+        from msprobe.pytorch import PrecisionDebugger
+    except ImportError as exc:
+        raise DebuggerUnavailable(
+            f"DUMP_ON=1 needs msprobe, which {sys.executable} cannot import ({exc}); "
+            f"install it with: pip install 'mindstudio-probe{MSPROBE_SUPPORTED}'"
+        ) from None
+    return PrecisionDebugger
+
+
+def existing() -> Any | None:
+    """The debugger someone already initialised in this process (us, verl's profiler, an engine), or None."""
+    module = sys.modules.get("msprobe.pytorch")
+    instance = getattr(getattr(module, "PrecisionDebugger", None), "_instance", None)
+    return instance if getattr(instance, "initialized", False) else None
+
+
+def get(config_path: str, dump_root: str) -> Any:
+    """The process debugger for ``config_path`` dumping under ``dump_root``; created on first use."""
+    global _created_for
+    with _lock:
+        wanted = (config_path, dump_root)
+        if _created_for == wanted:
+            return existing()
+        if _created_for is not None or existing() is not None:
+            made_by = f"msprobe-hooks for {_created_for[0]}" if _created_for else "another component"
+            raise DebuggerUnavailable(
+                f"this process already has an msprobe debugger (made by {made_by}); msprobe allows one "
+                f"per process, so {config_path} cannot get its own"
+            )
+        debugger = _precision_debugger_class()(config_path=config_path, dump_path=dump_root)
+        _created_for = wanted
+        return debugger
+
+
+def next_step(debugger: Any) -> int:
+    """The ``step{N}`` folder the next ``start()`` dumps into."""
+    service = debugger.service
+    return int(service.loop + service.init_step)
+
+
+def is_recording() -> bool:
+    """Whether msprobe is recording right now (after a start() that passed its step/rank filters)."""
+    from msprobe.core.common.runtime import Runtime
+
+    return bool(Runtime.is_running)
+
+
+def has_finished(debugger: Any) -> bool:
+    """msprobe shut itself down for good (its step filter is exhausted)."""
+    return bool(debugger.service.should_stop_service)

@@ -1,0 +1,45 @@
+"""Per-process JSON-lines logs that stay parseable whatever happens to the process.
+
+Each record is written with one ``os.write`` of a whole line to a file opened ``O_APPEND``, so
+a process killed at any moment leaves only complete lines. Files live under
+``{root}/{pid}/``: no two processes ever write the same file, and a forked child that inherits
+a log reopens it under its own pid on its first write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+
+class JsonlLog:
+    """``{root}/{pid}/{filename}``, appended one complete line per :meth:`write`."""
+
+    def __init__(self, root: str, filename: str) -> None:
+        self.root = root
+        self.filename = filename
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._fd = -1
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, str(os.getpid()), self.filename)
+
+    def _open(self) -> int:
+        pid = os.getpid()
+        if self._pid != pid:  # first write, or first write after a fork
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._pid = pid
+        return self._fd
+
+    def write(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n").encode()
+        with self._lock:
+            fd = self._open()
+            written = os.write(fd, data)
+            while written < len(data):  # only on a full disk or similar; keeps the line whole if it can
+                written += os.write(fd, data[written:])

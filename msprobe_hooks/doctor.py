@@ -24,7 +24,6 @@ from .launch import shim_dir
 from .registry import Patch, all_patches
 
 
-
 def _sitecustomize_files(path: list[str]) -> list[str]:
     """Every sitecustomize module on ``path``, in import order (the first one wins)."""
     found = []

@@ -1,0 +1,31 @@
+"""What the training log and the inference dispatch log have in common: the join keys.
+
+Both sides must compute these identically, or ``align`` cannot pair a prefill step with a
+training micro-batch, so there is one implementation, here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterable
+
+_VLLM_SUFFIX = re.compile(r"^(?P<base>.+)-[0-9a-f]{8}$")
+
+
+def prompt_hash(token_ids: Iterable[int]) -> str:
+    """A short, stable hash of the exact prompt token ids (16 hex digits of SHA-1)."""
+    text = ",".join(str(int(t)) for t in token_ids)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def strip_vllm_suffix(request_id: str) -> str:
+    """The request id the client sent, from vLLM's internal ``{id}-{8 hex}`` form (vLLM >= 0.14)."""
+    match = _VLLM_SUFFIX.match(request_id)
+    return match.group("base") if match else request_id
+
+
+def timestamp() -> str:
+    """Local time, second resolution, as in the published recipe's logs."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())

@@ -50,11 +50,16 @@ class Result:
 
 
 def run_python(
-    code: str, env: dict[str, str], *flags: str, cwd: str | os.PathLike | None = None, timeout: float = 300
+    code: str,
+    env: dict[str, str],
+    *flags: str,
+    cwd: str | os.PathLike | None = None,
+    timeout: float = 300,
+    python: str = sys.executable,
 ) -> Result:
     """Run ``code`` in a fresh interpreter (``python [flags] -c code``)."""
     done = subprocess.run(
-        [sys.executable, *flags, "-c", textwrap.dedent(code)],
+        [python, *flags, "-c", textwrap.dedent(code)],
         env=env,
         cwd=cwd,
         capture_output=True,

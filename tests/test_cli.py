@@ -36,7 +36,9 @@ def test_shim_path_is_the_folder_holding_the_shim():
 
 
 def test_env_exports_activate_a_shell(tmp_path):
-    script = f'eval "$({shlex.quote(sys.executable)} -m msprobe_hooks env)" && {shlex.quote(sys.executable)} -c {shlex.quote(PROBE)} && echo "$MSPROBE_HOOKS_OUTPUT_DIR"'
+    python = shlex.quote(sys.executable)
+    script = f'eval "$({python} -m msprobe_hooks env)" && {python} -c {shlex.quote(PROBE)}'
+    script += ' && echo "$MSPROBE_HOOKS_OUTPUT_DIR"'
     done = subprocess.run(["bash", "-c", script], env=clean_env(), cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     active, output_dir = done.stdout.split()
@@ -51,7 +53,10 @@ def test_env_keeps_the_users_values():
 
 
 def test_run_execs_the_command_with_the_shim_first_and_pinned_paths(tmp_path):
-    code = "import json, os, sys, msprobe_hooks; print(json.dumps([msprobe_hooks.current_config() is not None, os.environ['PYTHONPATH'], os.environ['MSPROBE_HOOKS_OUTPUT_DIR']]))"
+    code = (
+        "import json, os, msprobe_hooks; print(json.dumps([msprobe_hooks.current_config() is not None, "
+        "os.environ['PYTHONPATH'], os.environ['MSPROBE_HOOKS_OUTPUT_DIR']]))"
+    )
     env = clean_env(DUMP_ON="1", PYTHONPATH=f"/somewhere:{shim_dir()}")
     done = cli("run", "--", sys.executable, "-c", code, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -147,7 +152,11 @@ def test_doctor_says_when_another_sitecustomize_wins():
 
 
 def test_doctor_lists_every_patch_with_its_eligibility():
-    env = shim_env(FIXTURES / "fake_site", DUMP_ON="1", MSPROBE_HOOKS_EXTRA_PATCHES="fake_patches:GOOD,fake_patches:TOO_NEW,fake_patches:DRIFTED")
+    env = shim_env(
+        FIXTURES / "fake_site",
+        DUMP_ON="1",
+        MSPROBE_HOOKS_EXTRA_PATCHES="fake_patches:GOOD,fake_patches:TOO_NEW,fake_patches:DRIFTED",
+    )
     done = cli("doctor", env=env)
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  test.")}
     assert "eligible (fake-target 1.2.0)" in lines["test.fake_engine"]

@@ -41,9 +41,7 @@ print(json.dumps(report))
 def run_driver(env: dict[str, str], tmp_path, *args: str) -> dict:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    done = subprocess.run(
-        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -12,10 +12,9 @@ inherit the environment but not the launching shell's working directory.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PREFIX = "MSPROBE_HOOKS_"
 
@@ -41,8 +40,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-@dataclass(frozen=True)
-class Variable:
+class Variable(NamedTuple):
     """One environment variable of the contract, as the docs and ``doctor`` show it."""
 
     name: str
@@ -117,8 +115,7 @@ VARIABLES: tuple[Variable, ...] = (
 KNOWN_NAMES = frozenset(v.name for v in VARIABLES)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """The validated configuration of this process."""
 
     enabled: bool
@@ -225,6 +222,8 @@ def _check_step_list(value: object) -> bool:
 
 def read_msprobe_config(name: str, path: str) -> dict:
     """Read and check an msprobe config.json named by variable ``name``; raise ValueError with one line."""
+    import json
+
     if not os.path.isfile(path):
         raise ValueError(_bad(name, path, "path to an existing msprobe config.json", "no such file"))
     try:

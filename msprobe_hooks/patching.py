@@ -1,6 +1,6 @@
 """Applying patches lazily, guarded, idempotently and revertibly.
 
-:func:`register` installs one wrapt post-import hook per patch. When the target module is
+:func:`register` installs one post-import hook per patch (:mod:`.import_hooks`). When the target module is
 imported (or at once, if it already was) :func:`_on_import` checks the installed version and
 the patch's contract, then calls the implementation's ``patch(module)``. Every failure is
 contained there: one log line, the patch is marked skipped or failed, and the target's import
@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
-
-import wrapt
+from typing import Any, NamedTuple
 
 from . import contracts
+from .import_hooks import when_imported
+from .log import logger
 from .registry import Patch
-
-log = logging.getLogger("msprobe_hooks")
 
 WAITING, APPLIED, SKIPPED, FAILED = "waiting", "applied", "skipped", "failed"
 _MARK = "_self_msprobe_hooks_patch"
@@ -37,8 +33,7 @@ class TargetChanged(Exception):
     """The target no longer looks like what the patch was written for; the patch steps aside."""
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(NamedTuple):
     name: str
     state: str
     reason: str = ""
@@ -91,12 +86,13 @@ def register(patches: Iterable[Patch], disabled: frozenset[str] = frozenset(), s
             if _status.get(patch.name, PatchStatus("", "")).state in (WAITING, APPLIED):
                 continue
             _status[patch.name] = PatchStatus(patch.name, WAITING, f"until {patch.target} is imported")
-            wrapt.register_post_import_hook(functools.partial(_on_import, patch, generation), patch.target)
+            when_imported(patch.target, functools.partial(_on_import, patch, generation))
 
 
 def _on_import(patch: Patch, generation: int, module: ModuleType) -> None:
     if generation != _generation:
         return
+    log = logger()
     version = None
     try:
         with _lock:
@@ -144,7 +140,8 @@ def unpatch_all() -> None:
 
 
 def is_ours(obj: Any, patch_name: str) -> bool:
-    return isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
+    wrapt = sys.modules.get("wrapt")  # nothing can be our wrapper before wrapt is imported
+    return wrapt is not None and isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
 
 
 def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
@@ -154,6 +151,8 @@ def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name:
         raise TargetChanged(f"{owner.__qualname__}.{name} is not defined on {owner.__qualname__}")
     if is_ours(current, patch_name):
         return
+    import wrapt
+
     proxy = wrapt.FunctionWrapper(current, wrapper)
     setattr(proxy, _MARK, patch_name)
     setattr(owner, name, proxy)

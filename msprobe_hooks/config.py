@@ -3,7 +3,7 @@
 This module is the single owner of the environment contract (DESIGN.md §3). Other modules get
 values from the :class:`Config` that :func:`load` returns; nothing else reads ``os.environ``
 for these names. ``docs/env-reference.md`` is generated from :data:`VARIABLES`
-(``python -m msprobe_hooks.docgen``).
+(``python scripts/gen_docs.py``).
 
 Paths are resolved once, in the first process that activates, and written back to the
 environment as absolute paths (:func:`pinned_environment`): Ray workers and engine subprocesses

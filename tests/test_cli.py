@@ -195,3 +195,17 @@ def test_python_dash_m_and_the_console_script_are_the_same_command():
     done = subprocess.run([str(script), "shim-path"], env=clean_env(), capture_output=True, text=True)
     assert done.stdout == cli("shim-path").stdout
     assert os.access(script, os.X_OK)
+
+
+def test_ray_env_output_reads_into_a_bash_array_as_the_user_guide_shows(tmp_path):
+    python = shlex.quote(sys.executable)
+    script = f'eval "RAY_ENV=($({python} -m msprobe_hooks ray-env))"; printf "%s\\n" "${{RAY_ENV[@]}}"'
+    done = subprocess.run(
+        ["bash", "-c", script], env=clean_env(PYTHONPATH="/opt/a"), cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f'++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH="{shim_dir()}:/opt/a"',
+        '++ray_kwargs.ray_init.runtime_env.env_vars.DUMP_ON="1"',
+        f'++ray_kwargs.ray_init.runtime_env.env_vars.MSPROBE_HOOKS_OUTPUT_DIR="{tmp_path / "msprobe_dump"}"',
+    ]

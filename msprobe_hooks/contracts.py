@@ -256,11 +256,17 @@ def source_facts(path: str) -> Facts:
         return extract_facts(ast.parse(handle.read(), filename=path))
 
 
-def installed_facts(module: str) -> Facts | None:
-    """Facts of a module from the first sys.path entry holding its source, without importing it."""
+def installed_source(module: str) -> str | None:
+    """The source file of ``module`` in the first sys.path entry holding it, found without importing it."""
     for entry in sys.path:
         for rel in module_relpaths(module):
             path = os.path.join(entry or os.curdir, rel)
             if os.path.isfile(path):
-                return source_facts(path)
+                return path
     return None
+
+
+def installed_facts(module: str) -> Facts | None:
+    """Facts of a module from the first sys.path entry holding its source, without importing it."""
+    path = installed_source(module)
+    return source_facts(path) if path else None

@@ -144,11 +144,13 @@ def is_ours(obj: Any, patch_name: str) -> bool:
     return wrapt is not None and isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
 
 
-def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
-    """Replace ``owner.name`` (defined on ``owner`` itself) with a wrapt FunctionWrapper, once."""
+def wrap_method(owner: type | ModuleType, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
+    """Replace ``owner.name`` (defined on ``owner`` itself: a class, or a module for its functions) with a
+    wrapt FunctionWrapper, once."""
     current = vars(owner).get(name)
     if current is None:
-        raise TargetChanged(f"{owner.__qualname__}.{name} is not defined on {owner.__qualname__}")
+        where = getattr(owner, "__qualname__", owner.__name__)
+        raise TargetChanged(f"{where}.{name} is not defined on {where}")
     if is_ours(current, patch_name):
         return
     import wrapt
@@ -158,7 +160,7 @@ def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name:
     setattr(owner, name, proxy)
 
 
-def unwrap_method(owner: type, name: str, patch_name: str) -> None:
+def unwrap_method(owner: type | ModuleType, name: str, patch_name: str) -> None:
     """Undo :func:`wrap_method`; a no-op when our wrapper is not (or no longer) there."""
     current = vars(owner).get(name)
     if is_ours(current, patch_name):

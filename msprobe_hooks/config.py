@@ -25,6 +25,7 @@ BOOL_VALUES = "1/0, true/false, yes/no, on/off"
 DUMP_PHASES = ("log_prob", "update_actor", "all")
 PROMPTS_ONLY_MODES = ("off", "forward", "trim")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PREFLIGHT_MODES = ("warn", "error")
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
 # stops the job at start-up instead of at the first dump, an hour in.
@@ -96,6 +97,14 @@ VARIABLES: tuple[Variable, ...] = (
         "comma-separated patch names, or * for all",
         "Patches not to apply; names are in docs/patches.md and `msprobe-hooks doctor`.",
     ),
+    Variable(
+        PREFIX + "PREFLIGHT",
+        "error",
+        ", ".join(PREFLIGHT_MODES),
+        "What the consistency preflight does with its findings when verl starts a PPO run: error stops the "
+        "run before Ray starts, listing every finding; warn logs them and goes on. To skip the check, "
+        "MSPROBE_HOOKS_DISABLE=verl.preflight. See docs/preflight.md.",
+    ),
     Variable(PREFIX + "LOG_LEVEL", "INFO", ", ".join(LOG_LEVELS), "Level of the msprobe_hooks logger (stderr)."),
     Variable(
         PREFIX + "EXTRA_PATCHES",
@@ -127,6 +136,7 @@ class Config(NamedTuple):
     strict: bool
     disabled: frozenset[str]
     log_level: str
+    preflight: str
     extra_patches: tuple[str, ...]
     unknown_names: tuple[str, ...]
 
@@ -187,6 +197,13 @@ def _parse_log_level(raw: str) -> str:
     value = raw.strip().upper() or "INFO"
     if value not in LOG_LEVELS:
         raise ValueError(_bad(PREFIX + "LOG_LEVEL", raw, ", ".join(LOG_LEVELS)))
+    return value
+
+
+def _parse_preflight(raw: str) -> str:
+    value = raw.strip().lower() or "error"
+    if value not in PREFLIGHT_MODES:
+        raise ValueError(_bad(PREFIX + "PREFLIGHT", raw, ", ".join(PREFLIGHT_MODES)))
     return value
 
 
@@ -294,6 +311,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         strict=bool(parse(PREFIX + "STRICT", lambda raw: parse_bool(PREFIX + "STRICT", raw), False)),
         disabled=frozenset(parse(PREFIX + "DISABLE", _parse_names, ())),  # type: ignore[arg-type]
         log_level=str(parse(PREFIX + "LOG_LEVEL", _parse_log_level, "INFO")),
+        preflight=str(parse(PREFIX + "PREFLIGHT", _parse_preflight, "error")),
         extra_patches=parse(PREFIX + "EXTRA_PATCHES", _parse_extra_patches, ()),  # type: ignore[arg-type]
         unknown_names=tuple(sorted(n for n in env if n.startswith(PREFIX) and n not in KNOWN_NAMES)),
     )

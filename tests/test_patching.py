@@ -46,7 +46,8 @@ def run(code: str, environment: dict[str, str]) -> dict:
 
 def test_the_patch_waits_for_its_target_and_imports_nothing_before():
     result = run("assert 'fake_target' not in sys.modules and 'fake_patches_impl' not in sys.modules", env())
-    assert result["status"] == {"test.fake_engine": ["waiting", "until fake_target is imported"]}
+    assert result["status"]["test.fake_engine"] == ["waiting", "until fake_target is imported"]
+    assert {state for state, _ in result["status"].values()} == {"waiting"}  # the built-in patches wait too
 
 
 def test_activate_then_import_applies_once_and_the_wrapper_passes_results_and_errors_through():

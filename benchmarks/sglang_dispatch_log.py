@@ -14,7 +14,6 @@ import statistics
 import tempfile
 import time
 from types import SimpleNamespace
-from unittest import mock
 
 import torch
 
@@ -49,7 +48,7 @@ def _per_forward_us(runner, reqs, prefill: bool, prompt_len: int, repeat: int) -
         t0 = time.perf_counter()
         setattr(batch, REQUESTS_ATTR, identities(reqs))
         t1 = time.perf_counter()
-        runner.end(runner.begin(batch))
+        runner.end(runner.begin(None, batch))
         t2 = time.perf_counter()
         ident.append(t1 - t0)
         log.append(t2 - t1)
@@ -57,29 +56,32 @@ def _per_forward_us(runner, reqs, prefill: bool, prompt_len: int, repeat: int) -
 
 
 def main() -> None:
-    root = tempfile.mkdtemp(prefix="sglang-dispatch-bench-")
+    with tempfile.TemporaryDirectory(prefix="sglang-dispatch-bench-") as root:
+        _table(root)
+
+
+def _table(root: str) -> None:
     runner = sglang_model_runner.RunnerDump(
-        None, own=False, dump_all=False, rank_id=0, model=None, log=JsonlLog(root, "dispatch_log.jsonl")
+        None, own=False, dump_all=False, rank_id=0, engine_version="0.5.2", log=JsonlLog(root, "dispatch_log.jsonl")
     )
     print(f"{'batch':>28} {'init_new us':>12} {'forward us':>11} {'line bytes':>11}")
-    with mock.patch.object(sglang_model_runner, "sglang_version", return_value="0.5.2"):
-        for label, count, prompt_len, prefill in [
-            ("prefill 1 x 2048 (new)", 1, 2048, True),
-            ("prefill 8 x 2048 (new)", 8, 2048, True),
-            ("decode 1", 1, 2048, False),
-            ("decode 64", 64, 2048, False),
-            ("decode 256", 256, 2048, False),
-        ]:
-            if prefill:  # new requests every time: the prompt hash is computed in each forward
-                times = [_per_forward_us(runner, _reqs(count, prompt_len), True, prompt_len, 1) for _ in range(20)]
-                ident, log = (statistics.median(t[i] for t in times) for i in (0, 1))
-            else:  # running requests: their prompt hashes were computed at their prefill
-                reqs = _reqs(count, prompt_len)
-                identities(reqs)
-                ident, log = _per_forward_us(runner, reqs, False, prompt_len, 200)
-            with open(runner.log.path, "rb") as handle:
-                line = handle.read().splitlines()[-1]
-            print(f"{label:>28} {ident:12.1f} {log:11.1f} {len(line):11d}")
+    for label, count, prompt_len, prefill in [
+        ("prefill 1 x 2048 (new)", 1, 2048, True),
+        ("prefill 8 x 2048 (new)", 8, 2048, True),
+        ("decode 1", 1, 2048, False),
+        ("decode 64", 64, 2048, False),
+        ("decode 256", 256, 2048, False),
+    ]:
+        if prefill:  # new requests every time: the prompt hash is computed in each forward
+            times = [_per_forward_us(runner, _reqs(count, prompt_len), True, prompt_len, 1) for _ in range(20)]
+            ident, log = (statistics.median(t[i] for t in times) for i in (0, 1))
+        else:  # running requests: their prompt hashes were computed at their prefill
+            reqs = _reqs(count, prompt_len)
+            identities(reqs)
+            ident, log = _per_forward_us(runner, reqs, False, prompt_len, 200)
+        with open(runner.log.path, "rb") as handle:
+            line = handle.read().splitlines()[-1]
+        print(f"{label:>28} {ident:12.1f} {log:11.1f} {len(line):11d}")
 
 
 if __name__ == "__main__":

@@ -155,13 +155,13 @@ def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):
     """Our begin() raising: the forward runs once with its arguments, returns its result; one warning, then debug."""
 
     class Broken:
-        def begin(self, forward_batch):
+        def begin(self, model, forward_batch):
             raise RuntimeError("boom")
 
     monkeypatch.setattr(patching, "_failures_reported", set())
     caplog.set_level(logging.DEBUG, logger="msprobe_hooks")
     calls = []
-    instance = SimpleNamespace(_msprobe_hooks_runner=Broken())
+    instance = SimpleNamespace(_msprobe_hooks_runner=Broken(), model=None)
 
     def forward(forward_batch, **kwargs):
         calls.append((forward_batch, kwargs))

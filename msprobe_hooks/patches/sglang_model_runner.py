@@ -150,7 +150,7 @@ def dispatch_record(
 # --- what a ForwardBatch holds --------------------------------------------------------------------
 
 
-def _identities(forward_batch: Any, count: int) -> list[RequestIdentity | None] | list[str | None]:
+def _identities(forward_batch: Any, count: int) -> list[RequestIdentity | str | None]:
     """Per row: the identity the forward-batch patch attached, else the bare id (0.5.10+), else None."""
     attached = getattr(forward_batch, REQUESTS_ATTR, None)
     if attached is not None and len(attached) == count:
@@ -253,20 +253,22 @@ class RunnerDump:
     own: bool  # we start/stop/step the debugger; otherwise SGLang does, or nobody
     dump_all: bool  # own debugger only: every forward, not just those holding prompt tokens
     rank_id: int | None  # passed to start() (DP > 1), as SGLang's native switch does
-    model: Any
+    engine_version: str
     log: JsonlLog
 
-    def begin(self, forward_batch: Any) -> _Pending:
+    def begin(self, model: Any, forward_batch: Any) -> _Pending:
+        """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
         phase = phase_of(rows)
-        step = _claim_step(self.debugger)
-        pending = _Pending(step, mode, phase, rows, started=False)
+        pending = _Pending(_claim_step(self.debugger), mode, phase, rows, started=False)
         if self.own and (self.dump_all or phase != "decode"):
-            self.debugger.start(model=self.model, rank_id=self.rank_id)
+            # The runner's current model: a weight reload from disk replaces the object.
+            self.debugger.start(model=model, rank_id=self.rank_id)
             pending.started = True
         return pending
 
     def end(self, pending: _Pending) -> None:
+        """After the forward (also one that raised): stop and step our debugger, write the line."""
         dumped = False
         if self.debugger is not None:
             if self.own:
@@ -280,7 +282,7 @@ class RunnerDump:
         self.log.write(
             dispatch_record(
                 engine="sglang",
-                engine_version=str(sglang_version()),
+                engine_version=self.engine_version,
                 rank=rank if rank is not None else _process_rank(),
                 step=pending.step,
                 dumped=dumped,
@@ -344,35 +346,36 @@ def _setup(runner: Any) -> RunnerDump | None:
     cfg = current_config()
     if cfg is None:
         return None
+    version = str(sglang_version())
     native = getattr(runner, "msprobe_debugger", None) if sglang_version() >= NATIVE_FROM else None
     if native is not None:
         root = os.path.abspath(debugger.dump_root(native))
         if id(native) not in _redirected:  # the draft runner of a process shares the debugger
             _redirected.add(id(native))
             debugger.set_dump_root(native, os.path.join(root, str(os.getpid())))
-        return RunnerDump(native, own=False, dump_all=True, rank_id=None, model=runner.model, log=_log_for(root))
+        return RunnerDump(native, own=False, dump_all=True, rank_id=None, engine_version=version, log=_log_for(root))
     root = _generate_root(cfg)
-    own = None
+    ours = None
     rank_id = None
     if sglang_version() < NATIVE_FROM and cfg.generate_config:
-        own = _own_debugger(cfg, root)
-        rank_id = runner.gpu_id if own is not None and runner.dp_size is not None and runner.dp_size > 1 else None
+        ours = _own_debugger(cfg, root)
+        rank_id = runner.gpu_id if ours is not None and runner.dp_size is not None and runner.dp_size > 1 else None
     elif cfg.generate_config and not _warned_unused_config:
         _warned_unused_config = True
         log.warning(
             "SGLang %s dumps with its own switch: MSPROBE_GENERATE_CONFIG only places the dispatch log; "
             "to dump, start SGLang with --msprobe-dump-config %s "
             "(verl: ++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=%s)",
-            sglang_version(),
+            version,
             cfg.generate_config,
             cfg.generate_config,
         )
     return RunnerDump(
-        own,
-        own=own is not None,
+        ours,
+        own=ours is not None,
         dump_all=cfg.generate_forwards == "all",
         rank_id=rank_id,
-        model=runner.model,
+        engine_version=version,
         log=_log_for(root),
     )
 
@@ -403,7 +406,7 @@ def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     pending = None
     if runner is not None:
         try:
-            pending = runner.begin(args[0] if args else kwargs["forward_batch"])
+            pending = runner.begin(instance.model, args[0] if args else kwargs["forward_batch"])
         except Exception as exc:
             patching.report_failure(NAME, "starting the forward's dump and log line", exc)
     try:

@@ -145,10 +145,13 @@ def report_failure(patch_name: str, what: str, exc: BaseException) -> None:
 
     The caller goes on with the wrapped call unchanged; a failing hook must not flood the host's log.
     """
+    import logging
+
     key = (patch_name, what)
     with _lock:
         first = key not in _failures_reported
         _failures_reported.add(key)
+    log = logger()
     log.log(
         logging.WARNING if first else logging.DEBUG,
         "patch %s: %s failed, the host goes on unaffected: %s: %s",

@@ -160,6 +160,9 @@ def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):
 
     monkeypatch.setattr(patching, "_failures_reported", set())
     caplog.set_level(logging.DEBUG, logger="msprobe_hooks")
+    ours = logging.getLogger("msprobe_hooks")
+    monkeypatch.setattr(ours, "handlers", [caplog.handler])  # ours does not propagate to caplog's root handler
+    monkeypatch.setattr(ours, "propagate", False)
     calls = []
     instance = SimpleNamespace(_msprobe_hooks_runner=Broken(), model=None)
 

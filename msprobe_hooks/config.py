@@ -24,6 +24,7 @@ BOOL_VALUES = "1/0, true/false, yes/no, on/off"
 
 DUMP_PHASES = ("log_prob", "update_actor", "all")
 PROMPTS_ONLY_MODES = ("off", "forward", "trim")
+GENERATE_FORWARDS = ("prefill", "all")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PREFLIGHT_MODES = ("warn", "error")
 
@@ -80,6 +81,14 @@ VARIABLES: tuple[Variable, ...] = (
         "Default dump_path: $MSPROBE_HOOKS_OUTPUT_DIR/generate.",
     ),
     Variable(
+        PREFIX + "GENERATE_FORWARDS",
+        "prefill",
+        ", ".join(GENERATE_FORWARDS),
+        "Which inference forwards the library's own debugger dumps (SGLang < 0.5.11): prefill = those "
+        "holding prompt tokens; all = every forward, as SGLang's native switch does. Every forward still "
+        "counts as one msprobe step and gets a dispatch-log line.",
+    ),
+    Variable(
         PREFIX + "OUTPUT_DIR",
         "./msprobe_dump, made absolute in the first process",
         "a directory path",
@@ -132,6 +141,7 @@ class Config(NamedTuple):
     prompts_only: str
     actor_config: str | None
     generate_config: str | None
+    generate_forwards: str
     output_dir: str
     strict: bool
     disabled: frozenset[str]
@@ -191,6 +201,13 @@ def _parse_prompts_only(raw: str) -> str:
         return "forward" if parse_bool("PROMPTS_ONLY", raw) else "off"
     except ValueError:
         raise ValueError(_bad("PROMPTS_ONLY", raw, "0, 1, trim (and true/false, yes/no)")) from None
+
+
+def _parse_generate_forwards(raw: str) -> str:
+    value = raw.strip().lower() or "prefill"
+    if value not in GENERATE_FORWARDS:
+        raise ValueError(_bad(PREFIX + "GENERATE_FORWARDS", raw, ", ".join(GENERATE_FORWARDS)))
+    return value
 
 
 def _parse_log_level(raw: str) -> str:
@@ -307,6 +324,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         prompts_only=str(parse("PROMPTS_ONLY", _parse_prompts_only, "off")),
         actor_config=config_path("MSPROBE_ACTOR_CONFIG"),
         generate_config=config_path("MSPROBE_GENERATE_CONFIG"),
+        generate_forwards=str(parse(PREFIX + "GENERATE_FORWARDS", _parse_generate_forwards, "prefill")),
         output_dir=_absolute(output_raw, cwd),
         strict=bool(parse(PREFIX + "STRICT", lambda raw: parse_bool(PREFIX + "STRICT", raw), False)),
         disabled=frozenset(parse(PREFIX + "DISABLE", _parse_names, ())),  # type: ignore[arg-type]

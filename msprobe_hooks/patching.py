@@ -45,6 +45,7 @@ _status: dict[str, PatchStatus] = {}
 _applied: dict[str, tuple[Patch, ModuleType]] = {}
 _generation = 0  # bumped by unpatch_all(): hooks registered before it become no-ops
 _strict = False
+_failures_reported: set[tuple[str, str]] = set()
 
 
 def installed_version(patch: Patch) -> str | None:
@@ -137,6 +138,29 @@ def unpatch_all() -> None:
         _applied.clear()
         _status.clear()
         _generation += 1
+
+
+def report_failure(patch_name: str, what: str, exc: BaseException) -> None:
+    """Our own work inside a wrapper failed: one warning per patch and place, later ones at debug level.
+
+    The caller goes on with the wrapped call unchanged; a failing hook must not flood the host's log.
+    """
+    import logging
+
+    key = (patch_name, what)
+    with _lock:
+        first = key not in _failures_reported
+        _failures_reported.add(key)
+    log = logger()
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "patch %s: %s failed, the host goes on unaffected: %s: %s",
+        patch_name,
+        what,
+        type(exc).__name__,
+        exc,
+        exc_info=log.isEnabledFor(logging.DEBUG),
+    )
 
 
 def is_ours(obj: Any, patch_name: str) -> bool:

@@ -26,7 +26,7 @@ def state():
     target = sys.modules.get("fake_target")
     impl = sys.modules.get("fake_patches_impl")
     return {
-        "status": {s.name: [s.state, s.reason] for s in msprobe_hooks.status()},
+        "status": {s.name: [s.state, s.reason] for s in msprobe_hooks.status() if s.name.startswith("test.")},
         "depth": depth(vars(target.Engine)["step"]) if target else None,
         "calls": len(impl.CALLS) if impl else None,
         "imports": int(__import__("os").environ.get("FAKE_TARGET_IMPORTS", "0")),

@@ -147,11 +147,15 @@ def is_ours(obj: Any, patch_name: str) -> bool:
     return isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
 
 
-def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
-    """Replace ``owner.name`` (defined on ``owner`` itself) with a wrapt FunctionWrapper, once."""
+def wrap_method(owner: type | ModuleType, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
+    """Replace ``owner.name`` (defined on ``owner`` itself) with a wrapt FunctionWrapper, once.
+
+    ``owner`` is a class (a method) or a module (a module-level function).
+    """
     current = vars(owner).get(name)
     if current is None:
-        raise TargetChanged(f"{owner.__qualname__}.{name} is not defined on {owner.__qualname__}")
+        where = getattr(owner, "__qualname__", owner.__name__)
+        raise TargetChanged(f"{where}.{name} is not defined on {where}")
     if is_ours(current, patch_name):
         return
     proxy = wrapt.FunctionWrapper(current, wrapper)
@@ -159,7 +163,7 @@ def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name:
     setattr(owner, name, proxy)
 
 
-def unwrap_method(owner: type, name: str, patch_name: str) -> None:
+def unwrap_method(owner: type | ModuleType, name: str, patch_name: str) -> None:
     """Undo :func:`wrap_method`; a no-op when our wrapper is not (or no longer) there."""
     current = vars(owner).get(name)
     if is_ours(current, patch_name):

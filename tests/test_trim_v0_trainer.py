@@ -14,6 +14,7 @@ from conftest import FIXTURES
 from test_prompts_only import PROMPTS, RESPONSE_WIDTH, RESPONSES, _v0_batch
 
 from msprobe_hooks import prompts_only
+from msprobe_hooks.patching import TargetChanged, is_ours, wrap_method
 
 sys.path.insert(0, str(FIXTURES / "verl_standins"))
 
@@ -105,7 +106,13 @@ def test_a_trim_that_fails_leaves_the_batch_whole_and_training_on(monkeypatch):
 
 def test_unpatched_after_deactivation():
     with activated(PROMPTS_ONLY="trim"):
-        pass
+        assert is_ours(metrics.calculate_debug_metrics, "verl.trim_debug_metrics")
+    assert not is_ours(metrics.calculate_debug_metrics, "verl.trim_debug_metrics")
     batch, actor_input, _, _, _ = _step(_trainer())
     assert batch.batch["responses"].shape == (2, RESPONSE_WIDTH)
     assert actor_input["input_ids"][0] == PROMPTS[0] + RESPONSES[0]
+
+
+def test_wrapping_a_missing_module_function_is_a_target_change():
+    with pytest.raises(TargetChanged, match=r"verl\.utils\.debug\.metrics\.no_such_function"):
+        wrap_method(metrics, "no_such_function", lambda *args: None, "test")

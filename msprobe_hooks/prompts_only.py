@@ -103,14 +103,12 @@ def prefix_rows(tensor: Any, lengths: Sequence[int]) -> Any:
 def trim_padded(batch: Any) -> None:
     """The published v0 trim, in place on a DataProto's TensorDict (left-padded prompts, right-padded
     responses): the sequence fields lose their last ``responses.size(1)`` columns, the per-response
-    fields become empty."""
+    fields become empty. All or nothing: the batch changes only once every cut has been made."""
     keep = batch["input_ids"].size(-1) - batch["responses"].size(-1)
-    for key in ("input_ids", "attention_mask", "position_ids"):
-        if key in batch:
-            batch[key] = batch[key][..., :keep]
-    for key in RESPONSE_FIELDS:
-        if key in batch:
-            batch[key] = batch[key][..., :0]
+    cut = {key: batch[key][..., :keep] for key in ("input_ids", "attention_mask", "position_ids") if key in batch}
+    cut.update({key: batch[key][..., :0] for key in RESPONSE_FIELDS if key in batch})
+    for key, tensor in cut.items():
+        batch[key] = tensor
 
 
 def trim_jagged(data: Any) -> Any:

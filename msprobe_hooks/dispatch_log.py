@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -28,30 +29,34 @@ SOURCE = "dispatch_logger"
 class ScheduledRequest(NamedTuple):
     """One request's share of a model step, in the engine's packed token order."""
 
-    request_id: str  # raw, as the engine sees it
-    request_id_base: str  # the id the client sent (engine suffix stripped)
+    request_id: str | None  # raw, as the engine sees it (None: the engine did not say)
+    request_id_base: str | None  # the id the client sent (engine suffix stripped)
     new: bool  # first time the engine schedules it (else it was running, or resumed)
     tokens: int  # scheduled in this step
-    computed_tokens: int  # computed before this step (> 0 on a prefix-cache hit or a later chunk)
-    prompt_len: int
-    prompt_hash: str | None  # None when the prompt is not token ids (embeddings)
+    computed_tokens: int | None  # computed before this step (> 0 on a prefix-cache hit or a later chunk)
+    prompt_len: int | None
+    prompt_hash: str | None  # None when the prompt is not token ids (embeddings), or unknown
+    mode_prefill: bool = False  # what the engine's forward mode says, for rows whose prompt is unknown
 
     @property
     def prefill(self) -> bool:
+        """This step computes prompt tokens of the request."""
+        if self.computed_tokens is None or self.prompt_len is None:
+            return self.mode_prefill
         return self.computed_tokens < self.prompt_len
 
     @property
     def full_prefill(self) -> bool:
         """The whole prompt in this one step, nothing computed before: the row to compare with training."""
-        return self.computed_tokens == 0 and self.tokens == self.prompt_len
+        return self.prefill and self.computed_tokens == 0 and self.tokens == self.prompt_len
 
 
 def phase(requests: Sequence[ScheduledRequest]) -> str:
-    """``prefill`` or ``decode`` when every row is one, else ``mixed`` (vLLM packs both in one step)."""
+    """``prefill`` or ``decode`` when every row is one (an empty step is ``decode``), else ``mixed``."""
     prefills = sum(1 for r in requests if r.prefill)
-    if prefills == len(requests):
-        return "prefill"
-    return "decode" if prefills == 0 else "mixed"
+    if prefills == 0:
+        return "decode"
+    return "prefill" if prefills == len(requests) else "mixed"
 
 
 def request_rows(requests: Sequence[ScheduledRequest]) -> list[dict[str, Any]]:
@@ -81,13 +86,17 @@ def step_record(
     *,
     engine: str,
     engine_version: str | None,
-    rank: int,
+    rank: int | None,
     step: int,
     dumped: bool,
     requests: Sequence[ScheduledRequest],
+    forward_mode: str | None = None,
 ) -> dict[str, Any]:
-    """One dispatch-log line (published recipe fields first, then what alignment needs)."""
-    return {
+    """One dispatch-log line (published recipe fields first, then what alignment needs).
+
+    ``forward_mode`` is the engine's own name for the step (SGLang's ForwardMode), when it has one.
+    """
+    record = {
         "source": SOURCE,
         "engine": engine,
         "engine_version": engine_version,
@@ -97,10 +106,15 @@ def step_record(
         "step": step,
         "dumped": dumped,
         "phase": phase(requests),
-        "total_num_scheduled_tokens": sum(r.tokens for r in requests),
-        "num_requests": len(requests),
-        "requests": request_rows(requests),
     }
+    if forward_mode is not None:
+        record["forward_mode"] = forward_mode
+    record.update(
+        total_num_scheduled_tokens=sum(r.tokens for r in requests),
+        num_requests=len(requests),
+        requests=request_rows(requests),
+    )
+    return record
 
 
 def open_log(root: str) -> JsonlLog:
@@ -127,14 +141,16 @@ class StepCounter:
 
     def __init__(self) -> None:
         self._next = 0
+        self._lock = threading.Lock()
 
     def take(self, debugger: Any | None = None) -> int:
-        if debugger is not None and not debugger_module.has_finished(debugger):
-            number = debugger_module.next_step(debugger)
-        else:
-            number = self._next
-        self._next = number + 1
-        return number
+        with self._lock:
+            if debugger is not None and not debugger_module.has_finished(debugger):
+                number = debugger_module.next_step(debugger)
+            else:
+                number = self._next
+            self._next = number + 1
+            return number
 
 
 class PromptHashes:

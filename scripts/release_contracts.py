@@ -49,22 +49,35 @@ def distribution_of(module: str, patches: list[Patch]) -> str | None:
     return next((p.distribution for p in patches if p.target.split(".")[0] == top), None)
 
 
-def wanted(patches: list[Patch]) -> dict[str, dict[str, dict[str, set[str]]]]:
-    """{distribution: {module: {"classes": {...}, "functions": {...}}}} asked by any contract."""
-    asked: dict[str, dict[str, dict[str, set[str]]]] = defaultdict(
-        lambda: defaultdict(lambda: {"classes": set(), "functions": set()})
-    )
+def asked_name(item: contracts.ContractItem) -> str:
+    """What an item asks of its module: ``Class.member`` or a function name."""
+    if isinstance(item, contracts.Function):
+        return item.name
+    return item.qualname if isinstance(item, contracts.Method) else f"{item.qualname}.{item.name}"
+
+
+def wanted(patches: list[Patch]) -> dict[str, dict[str, set[str]]]:
+    """{distribution: {module: {asked names}}} over every contract."""
+    asked: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for patch in patches:
         for item in patch.contract:
             dist = distribution_of(item.module, patches) or patch.distribution
-            entry = asked[dist][item.module]
-            if isinstance(item, contracts.Function):
-                entry["functions"].add(item.name)
-            elif isinstance(item, contracts.Method):
-                entry["classes"].add(item.qualname.rsplit(".", 1)[0])
-            else:
-                entry["classes"].add(item.qualname)
+            asked[dist][item.module].add(asked_name(item))
     return asked
+
+
+def module_facts(tree: ast.Module, names: set[str]) -> contracts.Facts:
+    """The facts the asked names need: their classes (and same-module bases) with just the asked members."""
+    classes = {name.rsplit(".", 1)[0] for name in names if "." in name}
+    members = {name.rsplit(".", 1)[1] for name in names if "." in name}
+    everything = contracts.extract_facts(tree)
+    facts = contracts.extract_facts(tree, classes=classes)
+    for cls in facts["classes"].values():  # members may live on a base class: keep them on every class
+        cls["methods"] = {k: v for k, v in cls["methods"].items() if k in members}
+        cls["attributes"] = [a for a in cls["attributes"] if a in members]
+    facts["functions"] = {k: v for k, v in everything["functions"].items() if k in names}
+    facts["requested"] = sorted(names)
+    return facts
 
 
 def supported_versions(released: list[str], specs: list[str]) -> list[str]:
@@ -155,7 +168,7 @@ def pick_file(files: list[dict]) -> dict | None:
     return usable[0] if usable and rank(usable[0]) < 9 else None
 
 
-def release_record(dist: str, version: str, files: list[dict], asked: dict[str, dict[str, set[str]]]) -> dict:
+def release_record(dist: str, version: str, files: list[dict], asked: dict[str, set[str]]) -> dict:
     chosen = pick_file(files)
     if chosen is None:
         raise RuntimeError(f"{dist} {version}: no wheel or sdist on PyPI")
@@ -168,15 +181,7 @@ def release_record(dist: str, version: str, files: list[dict], asked: dict[str, 
         if source is None:
             modules[module] = None
             continue
-        tree = ast.parse(source)
-        facts = contracts.extract_facts(tree, classes=names["classes"])
-        facts["functions"] = {
-            name: params
-            for name, params in contracts.extract_facts(tree)["functions"].items()
-            if name in names["functions"]
-        }
-        facts["requested"] = sorted(names["classes"] | names["functions"])
-        modules[module] = facts
+        modules[module] = module_facts(ast.parse(source), names)
     return {"file": chosen["filename"], "sha256": chosen["digests"]["sha256"], "modules": modules}
 
 
@@ -219,14 +224,8 @@ def problems(patches: list[Patch], snapshot: dict) -> dict[str, dict[str, list[s
                     continue
                 if not contracts.applies(item, version):
                     continue
-                record = releases[version]["modules"]
-                wanted_name = (
-                    item.name
-                    if isinstance(item, contracts.Function)
-                    else (item.qualname.rsplit(".", 1)[0] if isinstance(item, contracts.Method) else item.qualname)
-                )
-                facts = record.get(item.module, "absent")
-                if facts == "absent" or (facts is not None and wanted_name not in facts["requested"]):
+                facts = releases[version]["modules"].get(item.module, "absent")
+                if facts == "absent" or (facts is not None and asked_name(item) not in facts["requested"]):
                     lines.append(f"{item.describe()}: not in the snapshot (run: scripts/release_contracts.py refresh)")
                     continue
                 problem = contracts.check_facts(item, facts)

@@ -64,7 +64,7 @@ FAKE = Patch(
 )
 
 
-def record(params: list[str], attributes: list[str], requested=("Runner", "helper")) -> dict:
+def record(params: list[str], attributes: list[str], requested=("Runner.step", "Runner.model", "helper")) -> dict:
     facts = {
         "classes": {"Runner": {"methods": {"step": params}, "attributes": attributes, "bases": []}},
         "functions": {"helper": ["x"]},

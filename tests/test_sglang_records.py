@@ -10,9 +10,16 @@ import pytest
 import torch
 
 from msprobe_hooks import patching, records
+from msprobe_hooks.dispatch_log import phase, request_rows, step_record
 from msprobe_hooks.patches import sglang_forward_batch, sglang_model_runner
 from msprobe_hooks.patches.sglang_forward_batch import REQUESTS_ATTR, RequestIdentity, identities
-from msprobe_hooks.patches.sglang_model_runner import batch_requests, dispatch_record, phase_of
+
+
+def batch_requests(batch):
+    """(forward mode, request rows as the log writes them, the phase) of a ForwardBatch."""
+    mode, scheduled = sglang_model_runner.batch_requests(batch)
+    return mode, request_rows(scheduled), phase(scheduled)
+
 
 Mode = enum.IntEnum("ForwardMode", "EXTEND DECODE MIXED IDLE")
 
@@ -64,16 +71,11 @@ def _ident(rid, prompt_len, new=True):
 
 
 def test_record_has_exactly_the_shared_schema():
-    mode, rows = batch_requests(_batch(Mode.EXTEND, extend=[4], prefix=[0], attached=(_ident("a", 4),)))
-    record = dispatch_record(
-        engine="sglang",
-        engine_version="0.5.2",
-        rank=0,
-        step=7,
-        dumped=True,
-        phase="prefill",
-        forward_mode=mode,
-        requests=rows,
+    mode, scheduled = sglang_model_runner.batch_requests(
+        _batch(Mode.EXTEND, extend=[4], prefix=[0], attached=(_ident("a", 4),))
+    )
+    record = step_record(
+        engine="sglang", engine_version="0.5.2", rank=0, step=7, dumped=True, requests=scheduled, forward_mode=mode
     )
     assert list(record) == RECORD_FIELDS
     assert list(record["requests"][0]) == REQUEST_FIELDS
@@ -87,7 +89,7 @@ def test_mixed_batch_rows_in_token_order():
         prefix=[2, 7, 4],
         attached=(_ident("chunk", 6, new=False), _ident("a", 5, new=False), _ident("b", 4, new=False)),
     )
-    mode, rows = batch_requests(batch)
+    mode, rows, step_phase = batch_requests(batch)
     assert mode == "MIXED"
     assert [(r["request_id"], r["prefill"], r["offset"], r["tokens"], r["computed_tokens"]) for r in rows] == [
         ("chunk", True, 0, 3, 2),
@@ -95,29 +97,31 @@ def test_mixed_batch_rows_in_token_order():
         ("b", False, 4, 1, 4),
     ]
     assert [r["type"] for r in rows] == ["cached"] * 3
-    assert phase_of(rows) == "mixed"
+    assert step_phase == "mixed"
 
 
 def test_full_prefill_needs_the_whole_prompt_from_zero():
     attached = (_ident("whole", 4), _ident("hit", 5), _ident("first-chunk", 9))
-    _, rows = batch_requests(_batch(Mode.EXTEND, extend=[4, 2, 3], prefix=[0, 3, 0], attached=attached))
+    _, rows, step_phase = batch_requests(_batch(Mode.EXTEND, extend=[4, 2, 3], prefix=[0, 3, 0], attached=attached))
     assert [r["full_prefill"] for r in rows] == [True, False, False]
     assert [r["prompt_hash"] for r in rows] == ["hash-whole", "hash-hit", "hash-first-chunk"]
-    assert phase_of(rows) == "prefill"
+    assert step_phase == "prefill"
 
 
 def test_decode_rows_take_the_cached_length_from_seq_lens():
-    _, rows = batch_requests(_batch(Mode.DECODE, seq_lens=[6, 9], attached=(_ident("a", 5), _ident("b", 4))))
+    _, rows, step_phase = batch_requests(
+        _batch(Mode.DECODE, seq_lens=[6, 9], attached=(_ident("a", 5), _ident("b", 4)))
+    )
     assert [(r["tokens"], r["offset"], r["computed_tokens"], r["prefill"]) for r in rows] == [
         (1, 0, 5, False),
         (1, 1, 8, False),
     ]
-    assert phase_of(rows) == "decode"
+    assert step_phase == "decode"
 
 
 def test_bare_request_ids_when_no_identities_were_attached():
     """0.5.10+ with the forward-batch patch off: ids from ForwardBatch.rids, the mode tells prefill apart."""
-    _, rows = batch_requests(_batch(Mode.MIXED, extend=[3, 1], prefix=[0, 6], rids=["new", "old"]))
+    _, rows, _ = batch_requests(_batch(Mode.MIXED, extend=[3, 1], prefix=[0, 6], rids=["new", "old"]))
     assert [(r["request_id"], r["type"], r["prefill"], r["prompt_len"], r["full_prefill"]) for r in rows] == [
         ("new", "new", True, None, False),
         ("old", "cached", False, None, False),
@@ -126,14 +130,13 @@ def test_bare_request_ids_when_no_identities_were_attached():
 
 @pytest.mark.parametrize("attached", [None, (_ident("only-one", 3),)])
 def test_no_ids_at_all_or_a_mismatched_list_gives_anonymous_rows(attached):
-    _, rows = batch_requests(_batch(Mode.EXTEND, extend=[3, 2], prefix=[0, 0], attached=attached))
+    _, rows, _ = batch_requests(_batch(Mode.EXTEND, extend=[3, 2], prefix=[0, 0], attached=attached))
     assert [r["request_id"] for r in rows] == [None, None]
     assert [r["offset"] for r in rows] == [0, 3]
 
 
 def test_idle_batch_has_no_rows():
-    mode, rows = batch_requests(_batch(Mode.IDLE, seq_lens=[]))
-    assert (mode, rows, phase_of(rows)) == ("IDLE", [], "decode")
+    assert batch_requests(_batch(Mode.IDLE, seq_lens=[])) == ("IDLE", [], "decode")
 
 
 def test_prompt_hash_is_computed_once_per_request(monkeypatch):

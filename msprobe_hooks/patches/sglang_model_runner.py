@@ -27,8 +27,6 @@ import functools
 import inspect
 import logging
 import os
-import sys
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -37,14 +35,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .. import config as config_module
-from .. import debugger, patching, records
+from .. import debugger, dispatch_log, patching
 from ..bootstrap import current_config
+from ..dispatch_log import ScheduledRequest, StepCounter
 from ..jsonl import JsonlLog
 from .sglang_forward_batch import REQUESTS_ATTR, RequestIdentity
 
 NAME = "sglang.model_runner"
 NATIVE_FROM = Version("0.5.11")
-LOG_FILENAME = "dispatch_log.jsonl"
 _STATE_ATTR = "_msprobe_hooks_runner"
 
 log = logging.getLogger("msprobe_hooks")
@@ -87,66 +85,6 @@ def sglang_version() -> Version:
     return Version(raw)
 
 
-# --- the dispatch-log record --------------------------------------------------------------------
-# Engine-neutral builders with the fields the vLLM dispatch log has too; the seam where these move
-# into a shared msprobe_hooks.dispatch_log module.
-
-
-def dispatch_request(
-    *,
-    request_id: str | None,
-    request_id_base: str | None,
-    new: bool,
-    prefill: bool,
-    tokens: int,
-    offset: int,
-    computed_tokens: int | None,
-    prompt_len: int | None,
-    prompt_hash: str | None,
-    full_prefill: bool,
-) -> dict[str, Any]:
-    return {
-        "request_id": request_id,
-        "request_id_base": request_id_base,
-        "type": "new" if new else "cached",
-        "prefill": prefill,
-        "tokens": tokens,
-        "offset": offset,
-        "computed_tokens": computed_tokens,
-        "prompt_len": prompt_len,
-        "prompt_hash": prompt_hash,
-        "full_prefill": full_prefill,
-    }
-
-
-def dispatch_record(
-    *,
-    engine: str,
-    engine_version: str,
-    rank: int | None,
-    step: int,
-    dumped: bool,
-    phase: str,
-    forward_mode: str,
-    requests: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return {
-        "source": "dispatch_logger",
-        "engine": engine,
-        "engine_version": engine_version,
-        "timestamp": records.timestamp(),
-        "pid": os.getpid(),
-        "rank": rank,
-        "step": step,
-        "dumped": dumped,
-        "phase": phase,
-        "forward_mode": forward_mode,
-        "total_num_scheduled_tokens": sum(r["tokens"] for r in requests),
-        "num_requests": len(requests),
-        "requests": requests,
-    }
-
-
 # --- what a ForwardBatch holds --------------------------------------------------------------------
 
 
@@ -161,7 +99,7 @@ def _identities(forward_batch: Any, count: int) -> list[RequestIdentity | str | 
     return [None] * count
 
 
-def batch_requests(forward_batch: Any) -> tuple[str, list[dict[str, Any]]]:
+def batch_requests(forward_batch: Any) -> tuple[str, list[ScheduledRequest]]:
     """(forward mode name, request rows in token order) of one ForwardBatch."""
     mode = forward_batch.forward_mode
     mode_name = getattr(mode, "name", str(mode))
@@ -174,59 +112,22 @@ def batch_requests(forward_batch: Any) -> tuple[str, list[dict[str, Any]]]:
         tokens = [1] * int(forward_batch.batch_size)
         computed = [int(n) - 1 for n in seq_lens.tolist()] if seq_lens is not None else [None] * len(tokens)
     rows = []
-    offset = 0
     for ident, n, done in zip(_identities(forward_batch, len(tokens)), tokens, computed, strict=True):
         if isinstance(ident, RequestIdentity):
-            prefill = done is not None and done < ident.prompt_len
-            rid, new, prompt_len, prompt_hash = ident.request_id, ident.new, ident.prompt_len, ident.prompt_hash
+            rows.append(
+                ScheduledRequest(
+                    ident.request_id, ident.request_id, ident.new, n, done, ident.prompt_len, ident.prompt_hash
+                )
+            )
         else:  # no prompt known: classify by mode (a MIXED batch's decode rows hold one token)
             prefill = mode_name in ("EXTEND", "SPLIT_PREFILL") or (mode_name == "MIXED" and n > 1)
-            rid, new, prompt_len, prompt_hash = ident, prefill and done == 0, None, None
-        rows.append(
-            dispatch_request(
-                request_id=rid,
-                request_id_base=rid,  # SGLang keeps the client's id as is
-                new=new,
-                prefill=prefill,
-                tokens=n,
-                offset=offset,
-                computed_tokens=done,
-                prompt_len=prompt_len,
-                prompt_hash=prompt_hash,
-                full_prefill=prefill and done == 0 and n == prompt_len,
-            )
-        )
-        offset += n
+            # SGLang keeps the client's id as is: the base id is the id.
+            rows.append(ScheduledRequest(ident, ident, prefill and done == 0, n, done, None, None, prefill))
     return mode_name, rows
 
 
-def phase_of(rows: list[dict[str, Any]]) -> str:
-    prefill = sum(1 for r in rows if r["prefill"])
-    if prefill and prefill < len(rows):
-        return "mixed"
-    return "prefill" if prefill else "decode"
-
-
-# --- steps shared by every runner of the process (target and draft share one debugger) -----------
-
-_step_lock = threading.Lock()
-_next_step = 0
-
-
-def _claim_step(dbg: Any | None) -> int:
-    """The msprobe step this forward is; our own count once msprobe has ended (or when nothing dumps)."""
-    global _next_step
-    with _step_lock:
-        step = debugger.next_step(dbg) if dbg is not None and not debugger.has_finished(dbg) else _next_step
-        _next_step = step + 1
-        return step
-
-
-def _process_rank() -> int | None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return None
+# Steps are shared by every runner of the process: target and draft models share one debugger.
+_steps = StepCounter()
 
 
 # --- per runner ------------------------------------------------------------------------------------
@@ -241,7 +142,7 @@ class _Pending:
     step: int
     mode: str
     phase: str
-    rows: list[dict[str, Any]]
+    rows: list[ScheduledRequest]
     started: bool
 
 
@@ -259,8 +160,8 @@ class RunnerDump:
     def begin(self, model: Any, forward_batch: Any) -> _Pending:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
-        phase = phase_of(rows)
-        pending = _Pending(_claim_step(self.debugger), mode, phase, rows, started=False)
+        phase = dispatch_log.phase(rows)
+        pending = _Pending(_steps.take(self.debugger), mode, phase, rows, started=False)
         if self.own and (self.dump_all or phase != "decode"):
             # The runner's current model: a weight reload from disk replaces the object.
             self.debugger.start(model=model, rank_id=self.rank_id)
@@ -280,22 +181,21 @@ class RunnerDump:
         if rank is None and self.debugger is not None:
             rank = debugger.dump_rank(self.debugger)
         self.log.write(
-            dispatch_record(
+            dispatch_log.step_record(
                 engine="sglang",
                 engine_version=self.engine_version,
-                rank=rank if rank is not None else _process_rank(),
+                rank=rank if rank is not None else dispatch_log.current_rank(),
                 step=pending.step,
                 dumped=dumped,
-                phase=pending.phase,
-                forward_mode=pending.mode,
                 requests=pending.rows,
+                forward_mode=pending.mode,
             )
         )
 
 
 def _log_for(root: str) -> JsonlLog:
     if root not in _logs:
-        _logs[root] = JsonlLog(root, LOG_FILENAME)
+        _logs[root] = dispatch_log.open_log(root)
     return _logs[root]
 
 

@@ -255,6 +255,7 @@ def make_engine(
         optimizer_config=optimizer_config,
         checkpoint_config=CheckpointConfig(),
     )
+    torch.manual_seed(0)  # a critic's value head is initialised at random: the same one in every run
     with _cpu_model_building(value_head):
         engine.initialize()
     return engine
@@ -305,6 +306,7 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
     """A v1-trainer-shaped TensorDict (jagged tensors, per-sample uid/session_id/request_id)."""
     from verl.utils import tensordict_utils as tu
 
+    with_request_ids = any(s.request_id is not None for s in samples)
     rows = []
     for s in samples:
         ids = torch.tensor(s.prompt + s.response)
@@ -322,7 +324,7 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
             "session_id": s.session_id,
             "global_steps": global_step,
         }
-        if s.request_id is not None:
+        if with_request_ids:  # every row has the key, as in verl; a padding sample's is None
             row["request_id"] = s.request_id
         rows.append(row)
     data = tu.list_of_dict_to_tensordict(rows)

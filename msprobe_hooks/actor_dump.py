@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,14 +78,19 @@ class Pass:
     phase: str  # "log_prob" or "update_actor"
     due: bool
     micro_batch: int = -1  # index of the micro-batch in progress
-    global_step: Any = None
 
 
 @dataclass
 class _Window:
+    """One open msprobe step and what its log line will say."""
+
     step: int
     recording: bool
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any]
+    samples: list[SampleInfo] = field(default_factory=list)
+    global_step: Any = None
+    # Read when the step closes, outside msprobe's recording: our own tensor reads stay out of the dump.
+    micro_batch: Any = None
 
 
 def _plain(value: Any) -> Any:
@@ -308,18 +313,23 @@ class ActorDumper:
 
     # --- windows -------------------------------------------------------------------------------
 
-    def open(self, model: Any, fields: dict[str, Any]) -> None:
-        """``start(model)``: one msprobe step begins; ``fields`` go into its log line."""
+    def open(self, model: Any, current: Pass, dump: str, micro_batch: Any = None, **known: Any) -> None:
+        """``start(model)``: one msprobe step of ``current``'s micro-batch begins.
+
+        ``dump`` says what it holds ("micro_batch" or "prompt"); its samples are either ``known``
+        (``samples``, ``global_step``) or read from ``micro_batch`` when the step closes.
+        """
         debugger = self.debugger()
         self.close()
         step = debugger_module.next_step(debugger)
         debugger.start(model=model)
-        self._window = _Window(step, debugger_module.is_recording(), dict(fields))
+        fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
+        self._window = _Window(step, debugger_module.is_recording(), fields, micro_batch=micro_batch, **known)
 
-    def update(self, **fields: Any) -> None:
-        """Add fields to the open window's log line (what is known only after the forward)."""
+    def attach(self, micro_batch: Any) -> None:
+        """Name the micro-batch of the open window (Megatron: known only inside the schedule)."""
         if self._window is not None:
-            self._window.fields.update(fields)
+            self._window.micro_batch = micro_batch
 
     @property
     def window_open(self) -> bool:
@@ -363,8 +373,10 @@ class ActorDumper:
         return True
 
     def _write(self, window: _Window, debugger: Any) -> None:
-        fields = window.fields
-        samples: Sequence[SampleInfo] = fields.pop("samples", ())
+        samples, global_step = window.samples, window.global_step
+        if window.micro_batch is not None:
+            samples, global_step = self.describe(window.micro_batch)
+        samples = [s for s in samples if not s.padding]
         request_ids = [rid for sample in samples for rid in sample.request_ids]
         record = {
             "source": LOG_SOURCE,
@@ -372,7 +384,8 @@ class ActorDumper:
             "pid": os.getpid(),
             "rank": debugger.service.current_rank,
             "step": window.step,
-            **fields,
+            "global_step": global_step,
+            **window.fields,
             "request_ids": request_ids,
             "num_requests": len(request_ids),
             "samples": [sample.as_record() for sample in samples],
@@ -389,15 +402,6 @@ class ActorDumper:
         except Exception as exc:  # a layout we do not know: dump anyway, log what we can
             self.warn_once("describe", "cannot read the samples of a micro-batch (%s: %s)", type(exc).__name__, exc)
             return [], None
-
-    def micro_batch_fields(self, current: Pass, dump: str, samples: Sequence[SampleInfo]) -> dict[str, Any]:
-        return {
-            "phase": current.phase,
-            "global_step": current.global_step,
-            "micro_batch": current.micro_batch,
-            "dump": dump,
-            "samples": [s for s in samples if not s.padding],
-        }
 
     def prompt_only_forwards(
         self,
@@ -418,7 +422,7 @@ class ActorDumper:
         """
         try:
             samples = describe_samples(micro_batch)
-            current.global_step = global_step_of(micro_batch)
+            global_step = global_step_of(micro_batch)
         except Exception as exc:
             raise DumpRefused(f"PROMPTS_ONLY=1: cannot find each sample's prompt in the micro-batch ({exc})") from exc
         debugger = self.debugger()
@@ -429,7 +433,7 @@ class ActorDumper:
             dumped = k < len(samples) and not sample.padding and not finished
             batch = prompt_only_micro_batch(micro_batch, sample.index, sample.prompt_len)
             if dumped:
-                self.open(model, self.micro_batch_fields(current, "prompt", [sample]))
+                self.open(model, current, "prompt", samples=[sample], global_step=global_step)
             try:
                 forward(batch)
             finally:

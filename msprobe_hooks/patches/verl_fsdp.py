@@ -48,8 +48,7 @@ def patch(module: ModuleType) -> None:
                 get_device_id(),
             )
             return wrapped(*args, **kwargs)
-        samples, current.global_step = state.describe(micro_batch)
-        state.open(instance.module, state.micro_batch_fields(current, "micro_batch", samples))
+        state.open(instance.module, current, "micro_batch", micro_batch)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:

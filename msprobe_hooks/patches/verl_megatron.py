@@ -60,8 +60,8 @@ def patch(module: ModuleType) -> None:
         current = state.begin_micro_batch(instance)
         if current is None:
             return wrapped(*args, **kwargs)
-        # The micro-batch is next(batch_iter), taken inside; its samples are added in postprocess.
-        state.open(list(instance.module), state.micro_batch_fields(current, "micro_batch", []))
+        # The micro-batch is next(batch_iter), taken inside; postprocess names it.
+        state.open(list(instance.module), current, "micro_batch")
         try:
             return wrapped(*args, **kwargs)
         except BaseException:
@@ -73,9 +73,7 @@ def patch(module: ModuleType) -> None:
         current = state.current
         if current is None or not current.due or current.engine is not instance or not state.window_open:
             return wrapped(*args, **kwargs)
-        data = kwargs["data"] if "data" in kwargs else args[1]
-        samples, current.global_step = state.describe(data)
-        state.update(**state.micro_batch_fields(current, "micro_batch", samples))
+        state.attach(kwargs["data"] if "data" in kwargs else args[1])
         result = wrapped(*args, **kwargs)
         loss = result[0] if isinstance(result, tuple) and result else None
         if current.phase == "log_prob" or not state.close_after_backward(loss):

@@ -259,6 +259,11 @@ class ActorDumper:
             log.info("training dumps go to %s (log: %s)", root, self._log.path)
         return self._debugger
 
+    @property
+    def log_path(self) -> str | None:
+        """This process's ``update_actor_log.jsonl``, once the first due micro-batch made the debugger."""
+        return None if self._log is None else self._log.path
+
     def warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
             self._warned.add(key)

@@ -291,8 +291,8 @@ class ActorDumper:
         due = bool(dumpable and cfg is not None and cfg.phase_selected(phase))
         if due and refuse is not None:
             refuse(phase, kwargs["data"] if "data" in kwargs else args[0])
-        outer, self.current = self.current, Pass(engine, phase, due)
-        this = self.current
+        this = Pass(engine, phase, due)
+        outer, self.current = self.current, this
         try:
             return wrapped(*args, **kwargs)
         finally:

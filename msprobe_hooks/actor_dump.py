@@ -453,7 +453,7 @@ def agree_on_count(count: int, group: Any, device: Any) -> int:
 
     if not dist.is_initialized() or dist.get_world_size(group) <= 1:
         return count
-    value = torch.tensor([count], dtype=torch.long, device=device)
+    value = torch.tensor([count], dtype=torch.long).to(device)  # as verl moves its own counts
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return int(value.item())
 

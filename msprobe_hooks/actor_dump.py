@@ -387,7 +387,7 @@ class ActorDumper:
             "source": LOG_SOURCE,
             "timestamp": records.timestamp(),
             "pid": os.getpid(),
-            "rank": debugger.service.current_rank,
+            "rank": debugger_module.current_rank(debugger),
             "step": window.step,
             "global_step": global_step,
             **window.fields,

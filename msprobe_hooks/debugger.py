@@ -69,6 +69,12 @@ def next_step(debugger: Any) -> int:
     return int(service.loop + service.init_step)
 
 
+def current_rank(debugger: Any) -> int | None:
+    """The rank in the ``rank{R}`` folder of the dumps (None: msprobe writes ``proc{pid}``)."""
+    rank = debugger.service.current_rank
+    return None if rank is None else int(rank)
+
+
 def is_recording() -> bool:
     """Whether msprobe is recording right now (after a start() that passed its step/rank filters)."""
     from msprobe.core.common.runtime import Runtime

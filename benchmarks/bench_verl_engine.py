@@ -182,7 +182,7 @@ def _wrapper_cost(calls: int) -> dict[str, float]:
     plain_step = per_call(lambda: engine.forward_step(None, None, True))
     plain_batch = per_call(lambda: engine.forward_backward_batch(None, None, True))
     verl_fsdp.patch(module)
-    dumper().current = Pass(engine, "log_prob", due=False)
+    dumper().current = Pass(engine, verl_fsdp.PATCH_NAME, "log_prob", due=False)
     wrapped_step = per_call(lambda: engine.forward_step(None, None, True))
     dumper().current = None
     wrapped_batch = per_call(lambda: engine.forward_backward_batch(None, None, True))
@@ -195,7 +195,7 @@ def _wrapper_cost(calls: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--passes", type=int, default=15, help="timed log-prob + update rounds per variant")
+    parser.add_argument("--passes", type=int, default=10, help="timed log-prob + update rounds per variant")
     parser.add_argument("--calls", type=int, default=200_000, help="calls per timing of the wrapper cost")
     parser.add_argument("--child", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -20,18 +20,16 @@ Nothing here imports torch, verl or msprobe at import time.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import bootstrap, records
+from . import bootstrap, patching, records
 from . import config as config_module
 from . import debugger as debugger_module
 from .jsonl import JsonlLog
-
-log = logging.getLogger("msprobe_hooks")
+from .log import logger
 
 LOG_FILENAME = "update_actor_log.jsonl"
 LOG_SOURCE = "update_actor"  # the published recipe's value
@@ -75,6 +73,7 @@ class Pass:
     """One ``forward_backward_batch`` call of one engine."""
 
     engine: object
+    patch: str  # the engine patch that made the pass, for its failure reports
     phase: str  # "log_prob" or "update_actor"
     due: bool
     micro_batch: int = -1  # index of the micro-batch in progress
@@ -86,6 +85,7 @@ class _Window:
 
     step: int
     recording: bool
+    patch: str
     fields: dict[str, Any]
     samples: list[SampleInfo] = field(default_factory=list)
     global_step: Any = None
@@ -241,7 +241,7 @@ class ActorDumper:
         self._window: _Window | None = None
         self._debugger: Any = None
         self._log: JsonlLog | None = None
-        self._warned: set[str] = set()
+        self._unreached: set[type] = set()  # engine classes already reported as never dumped
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class ActorDumper:
             root = settings.get("dump_path") or cfg.actor_dump_root
             self._debugger = debugger_module.get(path, root)
             self._log = JsonlLog(root, LOG_FILENAME)
-            log.info("training dumps go to %s (log: %s)", root, self._log.path)
+            logger().info("training dumps go to %s (log: %s)", root, self._log.path)
         return self._debugger
 
     @property
@@ -264,15 +264,11 @@ class ActorDumper:
         """This process's ``update_actor_log.jsonl``, once the first due micro-batch made the debugger."""
         return None if self._log is None else self._log.path
 
-    def warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
-
     # --- passes --------------------------------------------------------------------------------
 
     def run_pass(
         self,
+        patch: str,
         wrapped: Callable[..., Any],
         engine: object,
         args: tuple,
@@ -291,7 +287,7 @@ class ActorDumper:
         due = bool(dumpable and cfg is not None and cfg.phase_selected(phase))
         if due and refuse is not None:
             refuse(phase, kwargs["data"] if "data" in kwargs else args[0])
-        this = Pass(engine, phase, due)
+        this = Pass(engine, patch, phase, due)
         outer, self.current = self.current, this
         try:
             return wrapped(*args, **kwargs)
@@ -299,9 +295,9 @@ class ActorDumper:
             self.current = outer
             if due:
                 self.close()
-                if this.micro_batch < 0:
-                    self.warn_once(
-                        "no-micro-batch:" + type(engine).__name__,
+                if this.micro_batch < 0 and type(engine) not in self._unreached:
+                    self._unreached.add(type(engine))
+                    logger().warning(
                         "%s pass of %s reached no patched forward_step (the class overrides it?): nothing dumped",
                         phase,
                         type(engine).__qualname__,
@@ -329,7 +325,8 @@ class ActorDumper:
         step = debugger_module.next_step(debugger)
         debugger.start(model=model)
         fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
-        self._window = _Window(step, debugger_module.is_recording(), fields, micro_batch=micro_batch, **known)
+        recording = debugger_module.is_recording()
+        self._window = _Window(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
 
     def attach(self, micro_batch: Any) -> None:
         """Name the micro-batch of the open window (Megatron: known only inside the schedule)."""
@@ -352,7 +349,7 @@ class ActorDumper:
             if window.recording:
                 self._write(window, debugger)
         except Exception as exc:  # our bookkeeping must not break the training step
-            self.warn_once("close", "closing an msprobe dump step failed: %s: %s", type(exc).__name__, exc)
+            patching.report_failure(window.patch, "closing an msprobe step", exc)
 
     def close_after_backward(self, loss: Any) -> bool:
         """Close the open window when the backward started from ``loss`` has finished.
@@ -380,14 +377,14 @@ class ActorDumper:
     def _write(self, window: _Window, debugger: Any) -> None:
         samples, global_step = window.samples, window.global_step
         if window.micro_batch is not None:
-            samples, global_step = self.describe(window.micro_batch)
+            samples, global_step = self.describe(window.micro_batch, window.patch)
         samples = [s for s in samples if not s.padding]
         request_ids = [rid for sample in samples for rid in sample.request_ids]
         record = {
             "source": LOG_SOURCE,
             "timestamp": records.timestamp(),
             "pid": os.getpid(),
-            "rank": debugger_module.current_rank(debugger),
+            "rank": debugger_module.dump_rank(debugger),
             "step": window.step,
             "global_step": global_step,
             **window.fields,
@@ -400,12 +397,12 @@ class ActorDumper:
 
     # --- the two kinds of micro-batch dump -----------------------------------------------------
 
-    def describe(self, micro_batch: Any) -> tuple[list[SampleInfo], Any]:
+    def describe(self, micro_batch: Any, patch: str) -> tuple[list[SampleInfo], Any]:
         """The samples and global step of a micro-batch for its log line; ([], None) if unreadable."""
         try:
             return describe_samples(micro_batch), global_step_of(micro_batch)
-        except Exception as exc:  # a layout we do not know: dump anyway, log what we can
-            self.warn_once("describe", "cannot read the samples of a micro-batch (%s: %s)", type(exc).__name__, exc)
+        except Exception as exc:  # a layout we do not know: the dump stands, its line lacks the samples
+            patching.report_failure(patch, "reading the samples of a micro-batch", exc)
             return [], None
 
     def prompt_only_forwards(

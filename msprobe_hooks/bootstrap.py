@@ -7,28 +7,15 @@ msprobe or any patch target: patches are applied when their targets are imported
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 from . import config as config_module
-from . import patching
+from . import log, patching
 from .config import Config, ConfigError
 from .registry import all_patches
 
-log = logging.getLogger("msprobe_hooks")
-
 _active: Config | None = None
-
-
-def _setup_logging(level: str) -> None:
-    log.setLevel(level)
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[msprobe-hooks %(process)d] %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        # Our own handler: the host's root logging configuration neither hides nor duplicates us.
-        log.propagate = False
 
 
 def activate(environ: dict[str, str] | None = None) -> Config | None:
@@ -52,14 +39,13 @@ def activate(environ: dict[str, str] | None = None) -> Config | None:
             ]
         ) from None
     config_module.check_patch_names(cfg, [p.name for p in patches])
-    _setup_logging(cfg.log_level)
+    log.set_level(cfg.log_level)
     env.update(config_module.pinned_environment(cfg, env))
     for name in cfg.unknown_names:
         hint = config_module.suggest(name)
-        log.warning("unknown variable %s ignored%s", name, f" (did you mean {hint}?)" if hint else "")
+        log.logger().warning("unknown variable %s ignored%s", name, f" (did you mean {hint}?)" if hint else "")
     _active = cfg
     patching.register(patches, cfg.disabled, cfg.strict)
-    log.debug("active: %d patches registered, output under %s", len(patches), cfg.output_dir)
     return cfg
 
 

@@ -63,6 +63,28 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.report(print, with_spawn_check=args.spawn_check)
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    from . import preflight
+
+    return preflight.command(args.source, args.rollout_backend, print, lambda line: print(line, file=sys.stderr))
+
+
+def _cmd_recipe(args: argparse.Namespace) -> int:
+    from . import recipe
+
+    return recipe.command(
+        args.backend,
+        args.gpus,
+        args.nnodes,
+        args.rollout,
+        args.generate_config or config_module.load().generate_config,
+        args.tp,
+        args.ep,
+        out=print,
+        err=lambda line: print(line, file=sys.stderr),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="msprobe-hooks",
@@ -92,6 +114,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="also start spawn/fork/subprocess/Ray children and check that each activates",
     )
     doctor.set_defaults(func=_cmd_doctor)
+    from .preflight import ROLLOUT_BACKENDS as backends
+    from .recipe import TRAINING_BACKENDS
+
+    check = sub.add_parser(
+        "preflight",
+        help="check a verl config file, or a launch command (not run), for the consistency constraints",
+        description="Exit status: 0 no findings, 1 findings, 2 the config cannot be read. See docs/preflight.md.",
+    )
+    check.add_argument(
+        "--rollout-backend",
+        choices=backends,
+        help="the inference engine (default: rollout.name, and vllm-ascend when trainer.device=npu or it is "
+        "installed here)",
+    )
+    check.add_argument(
+        "source", nargs=argparse.REMAINDER, help="CONFIG.yaml, or -- python3 -m verl.trainer.main_ppo ..."
+    )
+    check.set_defaults(func=_cmd_preflight)
+    recipe = sub.add_parser("recipe", help="print the verl overrides and exports that pass every preflight check")
+    recipe.add_argument("--backend", choices=TRAINING_BACKENDS, required=True, help="training backend")
+    recipe.add_argument("--gpus", type=int, required=True, help="cards (GPUs or NPUs) per node")
+    recipe.add_argument("--nnodes", type=int, default=1, help="nodes (default 1)")
+    recipe.add_argument("--rollout", choices=backends, help="inference engine (default: the one installed here)")
+    recipe.add_argument("--generate-config", help="inference msprobe config.json (default: $MSPROBE_GENERATE_CONFIG)")
+    recipe.add_argument("--tp", type=int, default=1, help="Megatron: tensor parallel size of actor, ref and rollout")
+    recipe.add_argument("--ep", type=int, default=1, help="Megatron: expert parallel size of actor, ref and rollout")
+    recipe.set_defaults(func=_cmd_recipe)
     return parser
 
 

@@ -3,7 +3,7 @@
 This module is the single owner of the environment contract (DESIGN.md §3). Other modules get
 values from the :class:`Config` that :func:`load` returns; nothing else reads ``os.environ``
 for these names. ``docs/env-reference.md`` is generated from :data:`VARIABLES`
-(``python -m msprobe_hooks.docgen``).
+(``python scripts/gen_docs.py``).
 
 Paths are resolved once, in the first process that activates, and written back to the
 environment as absolute paths (:func:`pinned_environment`): Ray workers and engine subprocesses
@@ -12,10 +12,9 @@ inherit the environment but not the launching shell's working directory.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PREFIX = "MSPROBE_HOOKS_"
 
@@ -25,7 +24,9 @@ BOOL_VALUES = "1/0, true/false, yes/no, on/off"
 
 DUMP_PHASES = ("log_prob", "update_actor", "all")
 PROMPTS_ONLY_MODES = ("off", "forward", "trim")
+GENERATE_FORWARDS = ("prefill", "all")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PREFLIGHT_MODES = ("warn", "error")
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
 # stops the job at start-up instead of at the first dump, an hour in.
@@ -41,8 +42,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-@dataclass(frozen=True)
-class Variable:
+class Variable(NamedTuple):
     """One environment variable of the contract, as the docs and ``doctor`` show it."""
 
     name: str
@@ -81,6 +81,14 @@ VARIABLES: tuple[Variable, ...] = (
         "Default dump_path: $MSPROBE_HOOKS_OUTPUT_DIR/generate.",
     ),
     Variable(
+        PREFIX + "GENERATE_FORWARDS",
+        "prefill",
+        ", ".join(GENERATE_FORWARDS),
+        "Which inference forwards the library's own debugger dumps (SGLang < 0.5.11): prefill = those "
+        "holding prompt tokens; all = every forward, as SGLang's native switch does. Every forward still "
+        "counts as one msprobe step and gets a dispatch-log line.",
+    ),
+    Variable(
         PREFIX + "OUTPUT_DIR",
         "./msprobe_dump, made absolute in the first process",
         "a directory path",
@@ -97,6 +105,14 @@ VARIABLES: tuple[Variable, ...] = (
         "empty",
         "comma-separated patch names, or * for all",
         "Patches not to apply; names are in docs/patches.md and `msprobe-hooks doctor`.",
+    ),
+    Variable(
+        PREFIX + "PREFLIGHT",
+        "error",
+        ", ".join(PREFLIGHT_MODES),
+        "What the consistency preflight does with its findings when verl starts a PPO run: error stops the "
+        "run before Ray starts, listing every finding; warn logs them and goes on. To skip the check, "
+        "MSPROBE_HOOKS_DISABLE=verl.preflight. See docs/preflight.md.",
     ),
     Variable(PREFIX + "LOG_LEVEL", "INFO", ", ".join(LOG_LEVELS), "Level of the msprobe_hooks logger (stderr)."),
     Variable(
@@ -117,8 +133,7 @@ VARIABLES: tuple[Variable, ...] = (
 KNOWN_NAMES = frozenset(v.name for v in VARIABLES)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """The validated configuration of this process."""
 
     enabled: bool
@@ -126,10 +141,12 @@ class Config:
     prompts_only: str
     actor_config: str | None
     generate_config: str | None
+    generate_forwards: str
     output_dir: str
     strict: bool
     disabled: frozenset[str]
     log_level: str
+    preflight: str
     extra_patches: tuple[str, ...]
     unknown_names: tuple[str, ...]
 
@@ -186,10 +203,24 @@ def _parse_prompts_only(raw: str) -> str:
         raise ValueError(_bad("PROMPTS_ONLY", raw, "0, 1, trim (and true/false, yes/no)")) from None
 
 
+def _parse_generate_forwards(raw: str) -> str:
+    value = raw.strip().lower() or "prefill"
+    if value not in GENERATE_FORWARDS:
+        raise ValueError(_bad(PREFIX + "GENERATE_FORWARDS", raw, ", ".join(GENERATE_FORWARDS)))
+    return value
+
+
 def _parse_log_level(raw: str) -> str:
     value = raw.strip().upper() or "INFO"
     if value not in LOG_LEVELS:
         raise ValueError(_bad(PREFIX + "LOG_LEVEL", raw, ", ".join(LOG_LEVELS)))
+    return value
+
+
+def _parse_preflight(raw: str) -> str:
+    value = raw.strip().lower() or "error"
+    if value not in PREFLIGHT_MODES:
+        raise ValueError(_bad(PREFIX + "PREFLIGHT", raw, ", ".join(PREFLIGHT_MODES)))
     return value
 
 
@@ -225,6 +256,8 @@ def _check_step_list(value: object) -> bool:
 
 def read_msprobe_config(name: str, path: str) -> dict:
     """Read and check an msprobe config.json named by variable ``name``; raise ValueError with one line."""
+    import json
+
     if not os.path.isfile(path):
         raise ValueError(_bad(name, path, "path to an existing msprobe config.json", "no such file"))
     try:
@@ -291,10 +324,12 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         prompts_only=str(parse("PROMPTS_ONLY", _parse_prompts_only, "off")),
         actor_config=config_path("MSPROBE_ACTOR_CONFIG"),
         generate_config=config_path("MSPROBE_GENERATE_CONFIG"),
+        generate_forwards=str(parse(PREFIX + "GENERATE_FORWARDS", _parse_generate_forwards, "prefill")),
         output_dir=_absolute(output_raw, cwd),
         strict=bool(parse(PREFIX + "STRICT", lambda raw: parse_bool(PREFIX + "STRICT", raw), False)),
         disabled=frozenset(parse(PREFIX + "DISABLE", _parse_names, ())),  # type: ignore[arg-type]
         log_level=str(parse(PREFIX + "LOG_LEVEL", _parse_log_level, "INFO")),
+        preflight=str(parse(PREFIX + "PREFLIGHT", _parse_preflight, "error")),
         extra_patches=parse(PREFIX + "EXTRA_PATCHES", _parse_extra_patches, ()),  # type: ignore[arg-type]
         unknown_names=tuple(sorted(n for n in env if n.startswith(PREFIX) and n not in KNOWN_NAMES)),
     )

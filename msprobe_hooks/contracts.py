@@ -12,17 +12,17 @@ checked in three places:
 
 from __future__ import annotations
 
-import ast
 import importlib
-import inspect
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # ast and inspect are imported where used: activation must stay cheap
+    import ast
 
 
-@dataclass(frozen=True)
-class Method:
+class Method(NamedTuple):
     """``module:Class.method`` exists, defined on that class, and its parameters start with ``params``.
 
     Parameters after ``params`` are allowed: wrappers pass them through untouched.
@@ -38,8 +38,7 @@ class Method:
         return f"{self.module}:{self.qualname}({', '.join(self.params)}, ...)"
 
 
-@dataclass(frozen=True)
-class Attribute:
+class Attribute(NamedTuple):
     """Instances of ``module:Class`` carry attribute ``name`` (assigned as ``self.name`` or annotated
     on the class, in that class or a base class defined in the same module)."""
 
@@ -52,8 +51,7 @@ class Attribute:
         return f"{self.module}:{self.qualname}.{self.name}"
 
 
-@dataclass(frozen=True)
-class Function:
+class Function(NamedTuple):
     """Module-level function ``module:name`` exists and its parameters start with ``params``."""
 
     module: str
@@ -100,6 +98,8 @@ def _resolve(module_name: str, qualname: str) -> object:
 
 
 def _parameter_names(func: object) -> list[str]:
+    import inspect
+
     func = inspect.unwrap(func)  # type: ignore[arg-type]
     if isinstance(func, (staticmethod, classmethod)):
         func = func.__func__
@@ -146,6 +146,8 @@ def module_relpaths(module: str) -> tuple[str, str]:
 
 def _body_nodes(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """Statements of a block, looking into if/try/with blocks (conditional definitions)."""
+    import ast
+
     for node in body:
         yield node
         if isinstance(node, (ast.If, ast.Try, ast.With)):
@@ -160,6 +162,8 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
 
 
 def _attributes(cls: ast.ClassDef) -> list[str]:
+    import ast
+
     names = set()
     for node in _body_nodes(cls.body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -181,6 +185,8 @@ def _attributes(cls: ast.ClassDef) -> list[str]:
 
 def extract_facts(tree: ast.Module, classes: set[str] | None = None) -> Facts:
     """The facts of a parsed module; ``classes`` limits them to those qualnames and their bases."""
+    import ast
+
     facts: Facts = {"classes": {}, "functions": {}}
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
@@ -244,15 +250,23 @@ def check_facts(item: ContractItem, facts: Facts | None) -> str | None:
 
 
 def source_facts(path: str) -> Facts:
+    import ast
+
     with open(path, encoding="utf-8") as handle:
         return extract_facts(ast.parse(handle.read(), filename=path))
 
 
-def installed_facts(module: str) -> Facts | None:
-    """Facts of a module from the first sys.path entry holding its source, without importing it."""
+def installed_source(module: str) -> str | None:
+    """The source file of ``module`` in the first sys.path entry holding it, found without importing it."""
     for entry in sys.path:
         for rel in module_relpaths(module):
             path = os.path.join(entry or os.curdir, rel)
             if os.path.isfile(path):
-                return source_facts(path)
+                return path
     return None
+
+
+def installed_facts(module: str) -> Facts | None:
+    """Facts of a module from the first sys.path entry holding its source, without importing it."""
+    path = installed_source(module)
+    return source_facts(path) if path else None

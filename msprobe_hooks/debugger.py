@@ -69,8 +69,24 @@ def next_step(debugger: Any) -> int:
     return int(service.loop + service.init_step)
 
 
-def current_rank(debugger: Any) -> int | None:
-    """The rank in the ``rank{R}`` folder of the dumps (None: msprobe writes ``proc{pid}``)."""
+def dump_root(debugger: Any) -> str:
+    """The folder the debugger creates its ``step{N}/`` folders in."""
+    return str(debugger.service.config.dump_path)
+
+
+def set_dump_root(debugger: Any, path: str) -> None:
+    """Send later steps elsewhere; msprobe reads this at every ``start()`` (as verl's own integration does)."""
+    debugger.service.config.dump_path = path
+
+
+def step_dumped(debugger: Any, step: int) -> bool:
+    """Whether msprobe recorded ``step{step}`` (it makes that folder only for a step it records); call after stop()."""
+    service = debugger.service
+    return getattr(service, "dump_iter_dir", None) == os.path.join(service.config.dump_path, f"step{step}")
+
+
+def dump_rank(debugger: Any) -> int | None:
+    """The rank msprobe names its ``rank{R}`` folders after; None until the first recorded step."""
     rank = debugger.service.current_rank
     return None if rank is None else int(rank)
 

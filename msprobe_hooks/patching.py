@@ -1,6 +1,6 @@
 """Applying patches lazily, guarded, idempotently and revertibly.
 
-:func:`register` installs one wrapt post-import hook per patch. When the target module is
+:func:`register` installs one post-import hook per patch (:mod:`.import_hooks`). When the target module is
 imported (or at once, if it already was) :func:`_on_import` checks the installed version and
 the patch's contract, then calls the implementation's ``patch(module)``. Every failure is
 contained there: one log line, the patch is marked skipped or failed, and the target's import
@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
-
-import wrapt
+from typing import Any, NamedTuple
 
 from . import contracts
+from .import_hooks import when_imported
+from .log import logger
 from .registry import Patch
-
-log = logging.getLogger("msprobe_hooks")
 
 WAITING, APPLIED, SKIPPED, FAILED = "waiting", "applied", "skipped", "failed"
 _MARK = "_self_msprobe_hooks_patch"
@@ -37,8 +33,7 @@ class TargetChanged(Exception):
     """The target no longer looks like what the patch was written for; the patch steps aside."""
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(NamedTuple):
     name: str
     state: str
     reason: str = ""
@@ -50,6 +45,7 @@ _status: dict[str, PatchStatus] = {}
 _applied: dict[str, tuple[Patch, ModuleType]] = {}
 _generation = 0  # bumped by unpatch_all(): hooks registered before it become no-ops
 _strict = False
+_failures_reported: set[tuple[str, str]] = set()
 
 
 def installed_version(patch: Patch) -> str | None:
@@ -91,12 +87,13 @@ def register(patches: Iterable[Patch], disabled: frozenset[str] = frozenset(), s
             if _status.get(patch.name, PatchStatus("", "")).state in (WAITING, APPLIED):
                 continue
             _status[patch.name] = PatchStatus(patch.name, WAITING, f"until {patch.target} is imported")
-            wrapt.register_post_import_hook(functools.partial(_on_import, patch, generation), patch.target)
+            when_imported(patch.target, functools.partial(_on_import, patch, generation))
 
 
 def _on_import(patch: Patch, generation: int, module: ModuleType) -> None:
     if generation != _generation:
         return
+    log = logger()
     version = None
     try:
         with _lock:
@@ -143,23 +140,51 @@ def unpatch_all() -> None:
         _generation += 1
 
 
+def report_failure(patch_name: str, what: str, exc: BaseException) -> None:
+    """Our own work inside a wrapper failed: one warning per patch and place, later ones at debug level.
+
+    The caller goes on with the wrapped call unchanged; a failing hook must not flood the host's log.
+    """
+    import logging
+
+    key = (patch_name, what)
+    with _lock:
+        first = key not in _failures_reported
+        _failures_reported.add(key)
+    log = logger()
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "patch %s: %s failed, the host goes on unaffected: %s: %s",
+        patch_name,
+        what,
+        type(exc).__name__,
+        exc,
+        exc_info=log.isEnabledFor(logging.DEBUG),
+    )
+
+
 def is_ours(obj: Any, patch_name: str) -> bool:
-    return isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
+    wrapt = sys.modules.get("wrapt")  # nothing can be our wrapper before wrapt is imported
+    return wrapt is not None and isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
 
 
-def wrap_method(owner: type, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
-    """Replace ``owner.name`` (defined on ``owner`` itself) with a wrapt FunctionWrapper, once."""
+def wrap_method(owner: type | ModuleType, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
+    """Replace ``owner.name`` (defined on ``owner`` itself: a class, or a module for its functions) with a
+    wrapt FunctionWrapper, once."""
     current = vars(owner).get(name)
     if current is None:
-        raise TargetChanged(f"{owner.__qualname__}.{name} is not defined on {owner.__qualname__}")
+        where = getattr(owner, "__qualname__", owner.__name__)
+        raise TargetChanged(f"{where}.{name} is not defined on {where}")
     if is_ours(current, patch_name):
         return
+    import wrapt
+
     proxy = wrapt.FunctionWrapper(current, wrapper)
     setattr(proxy, _MARK, patch_name)
     setattr(owner, name, proxy)
 
 
-def unwrap_method(owner: type, name: str, patch_name: str) -> None:
+def unwrap_method(owner: type | ModuleType, name: str, patch_name: str) -> None:
     """Undo :func:`wrap_method`; a no-op when our wrapper is not (or no longer) there."""
     current = vars(owner).get(name)
     if is_ours(current, patch_name):

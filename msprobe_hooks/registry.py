@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .contracts import ContractItem
 
 
-@dataclass(frozen=True)
-class Patch:
+class Patch(NamedTuple):
     """One patch: target, versions, contract, code, and why it exists.
 
     ``implementation`` names a module with ``patch(module)`` and ``unpatch(module)``, called with
@@ -32,7 +31,7 @@ class Patch:
     why: str
     how: str
     retire_when: str
-    contract: tuple[ContractItem, ...] = field(default=())
+    contract: tuple[ContractItem, ...] = ()
 
 
 def builtin_patches() -> tuple[Patch, ...]:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from msprobe_hooks.launch import shim_dir
 
@@ -50,11 +54,16 @@ class Result:
 
 
 def run_python(
-    code: str, env: dict[str, str], *flags: str, cwd: str | os.PathLike | None = None, timeout: float = 300
+    code: str,
+    env: dict[str, str],
+    *flags: str,
+    cwd: str | os.PathLike | None = None,
+    timeout: float = 300,
+    python: str = sys.executable,
 ) -> Result:
     """Run ``code`` in a fresh interpreter (``python [flags] -c code``)."""
     done = subprocess.run(
-        [sys.executable, *flags, "-c", textwrap.dedent(code)],
+        [python, *flags, "-c", textwrap.dedent(code)],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -62,3 +71,11 @@ def run_python(
         timeout=timeout,
     )
     return Result(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def ray_tmp():
+    """A private, short Ray temp folder (Ray's socket paths must stay under 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

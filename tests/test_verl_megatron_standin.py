@@ -1,9 +1,9 @@
 """The Megatron engine patch, driven through a stand-in of verl's Megatron engine module.
 
 The stand-in (``tests/standins/megatron_transformer_impl.py``) is first checked against the
-patch's contract; then a fresh interpreter with the shim active loads it under the real module
-name and announces it to the import hooks, so activation, version gate, contract check and patch
-run as they would on the real module, and real msprobe dumps its small torch chunks.
+patch's contract; then a fresh interpreter with the shim active imports it under the real module
+name (a finder serves its file), so activation, version gate, contract check and patch run as
+they would on the real module, and real msprobe dumps its small torch chunks.
 """
 
 from __future__ import annotations
@@ -22,18 +22,21 @@ TARGET = "verl.workers.engine.megatron.transformer_impl"
 INSTALLED_VERL = "0.9.1"
 
 CHILD = f"""
-import json, sys, types, importlib.util
+import importlib, importlib.machinery, importlib.util, json, sys, types
 sys.path.insert(0, {str(REPO / "examples")!r})
-import torch, wrapt, verl_cpu
+import torch, verl_cpu
 verl_cpu.init_process()
 from msprobe_hooks import patching
 from msprobe_hooks.actor_dump import DumpRefused
 
-spec = importlib.util.spec_from_file_location({TARGET!r}, {str(STANDIN)!r})
-standin = importlib.util.module_from_spec(spec)
-sys.modules[{TARGET!r}] = standin
-spec.loader.exec_module(standin)
-wrapt.notify_module_loaded(standin)  # what the import system does after a real import
+class StandinFinder:  # serves the stand-in file for the real module name, ahead of site-packages
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == {TARGET!r}:
+            return importlib.util.spec_from_file_location(fullname, {str(STANDIN)!r})
+        return None
+
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), StandinFinder())
+standin = importlib.import_module({TARGET!r})  # through the activation's import hooks, as in a job
 
 samples = verl_cpu.random_samples(4, 0)
 trimmed = [verl_cpu.Sample(s.prompt, (), s.uid, s.session_id, s.request_id) for s in samples]

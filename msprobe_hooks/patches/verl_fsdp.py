@@ -29,7 +29,7 @@ def patch(module: ModuleType) -> None:
         return not engine.engine_config.forward_only and not isinstance(engine, value_head)
 
     def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        return dumper().run_pass(wrapped, instance, args, kwargs, is_actor(instance))
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor(instance))
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = dumper()

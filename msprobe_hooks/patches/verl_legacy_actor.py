@@ -7,15 +7,13 @@ patches dump. When a legacy actor is built, one line says so instead of a run wi
 
 from __future__ import annotations
 
-import logging
 from types import ModuleType
 from typing import Any
 
 from .. import patching
+from ..log import logger
 
 PATCH_NAME = "verl.legacy_actor"
-
-log = logging.getLogger("msprobe_hooks")
 
 MESSAGE = (
     "DUMP_ON=1: verl's legacy actor worker (dp_actor) is not supported and will not be dumped; "
@@ -31,7 +29,7 @@ def patch(module: ModuleType) -> None:
         wrapped(*args, **kwargs)
         if not said:
             said = True
-            log.warning(MESSAGE)
+            logger().warning(MESSAGE)
 
     patching.wrap_method(module.DataParallelPPOActor, "__init__", init, PATCH_NAME)
 

@@ -53,7 +53,7 @@ def patch(module: ModuleType) -> None:
                     "use PROMPTS_ONLY=trim (the trainer cuts the responses off; collection runs only)"
                 )
 
-        return dumper().run_pass(wrapped, instance, args, kwargs, is_actor(instance), refuse)
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor(instance), refuse)
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = dumper()

@@ -6,7 +6,8 @@ drives them as Megatron's no-pipelining schedule drives verl's callbacks: per mi
 ``forward_step_func(data_iterator, model)`` returns the output and a loss function (verl's
 ``postprocess_micro_batch_func`` bound to the micro-batch), the schedule calls it and, when
 training, runs the backward from the returned loss. The model chunks are small real torch
-modules, so msprobe really dumps them. Micro-batches are verl's own TensorDicts.
+modules, so msprobe really dumps them. Micro-batches are verl's own TensorDicts, and the engine
+classes derive from verl's ``BaseEngine`` as the real ones do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from functools import partial
 
 import torch
 from verl.utils import tensordict_utils as tu
+from verl.workers.engine.base import BaseEngine  # verl's other engines (MindSpeed) register subclasses
 
 
 class _ParallelState:
@@ -36,7 +38,7 @@ def make_chunk(seed: int = 0, vocab: int = 128, hidden: int = 16) -> torch.nn.Mo
     return torch.nn.Sequential(torch.nn.Embedding(vocab, hidden), *layers)
 
 
-class MegatronEngine:
+class MegatronEngine(BaseEngine):
     def __init__(self, engine_config, chunks: list[torch.nn.Module]):
         self.engine_config = engine_config
         self.module = chunks

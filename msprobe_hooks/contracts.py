@@ -74,12 +74,16 @@ def applies(item: ContractItem, version: str | None) -> bool:
 
 
 def version_supported(version: str, spec: str) -> bool:
-    """Whether ``version`` satisfies the PEP 440 ``spec``; an unparsable version counts as supported."""
+    """Whether ``version`` satisfies the PEP 440 ``spec``; an unparsable version counts as supported.
+
+    Pre-releases count: vLLM-Ascend ships most releases as ``rc`` tags (0.24.0rc1), and a dev
+    install of any target carries a ``.devN`` version.
+    """
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
     try:
-        return Version(version) in SpecifierSet(spec)
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
     except InvalidVersion:
         return True
 

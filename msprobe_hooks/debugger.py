@@ -75,8 +75,18 @@ def dump_root(debugger: Any) -> str:
 
 
 def set_dump_root(debugger: Any, path: str) -> None:
-    """Send later steps elsewhere; msprobe reads this at every ``start()`` (as verl's own integration does)."""
+    """Send later steps elsewhere, also after msprobe reloads its config file.
+
+    msprobe reads ``service.config.dump_path`` at every ``start()`` (as verl's own integration
+    relies on). A config hot reload (``dump_enable`` in the file) rebuilds that config from the file
+    and the constructor's overrides, so the debugger's config and the override are set too: an
+    engine's native debugger keeps dumping into the folder chosen for it (one per process).
+    """
     debugger.service.config.dump_path = path
+    debugger.config.dump_path = path
+    overrides = getattr(debugger, "_overrides", None)
+    if isinstance(overrides, dict):
+        overrides["dump_path"] = path
 
 
 def step_dumped(debugger: Any, step: int) -> bool:

@@ -169,8 +169,10 @@ def is_ours(obj: Any, patch_name: str) -> bool:
 
 
 def wrap_method(owner: type | ModuleType, name: str, wrapper: Callable[..., Any], patch_name: str) -> None:
-    """Replace ``owner.name`` (defined on ``owner`` itself: a class, or a module for its functions) with a
-    wrapt FunctionWrapper, once."""
+    """Replace ``owner.name`` (defined on ``owner`` itself) with a wrapt FunctionWrapper, once.
+
+    ``owner`` is a class (a method) or a module (a module-level function).
+    """
     current = vars(owner).get(name)
     if current is None:
         where = getattr(owner, "__qualname__", owner.__name__)

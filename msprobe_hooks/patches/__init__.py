@@ -163,7 +163,22 @@ VERL_LEGACY_ACTOR = Patch(
     contract=(Method("verl.workers.actor.dp_actor", "DataParallelPPOActor.__init__", ("self", "config")),),
 )
 
-# --- verl: trainer ----------------------------------------------------------------------------
+# --- verl: trainer (PROMPTS_ONLY trim, request ids, preflight) -----------------------------------
+
+_RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
+_V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
+_DEBUG_METRICS = "verl.utils.debug.metrics"
+_ROLLOUT_CORRECTION = "verl.trainer.ppo.rollout_corr_helper"
+_LLM_SERVER = "verl.workers.rollout.llm_server"
+_AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+
+_TRIM_WHY = (
+    "PROMPTS_ONLY=trim (and PROMPTS_ONLY=1 where no extra prompt-only forward can run, i.e. Megatron "
+    "with pipeline parallelism): the published recipe cuts the responses off the batch before "
+    "old_log_prob by editing verl, so the log-prob dump is the prompt's prefill."
+)
+
+# --- verl: preflight ----------------------------------------------------------------------------
 
 VERL_PREFLIGHT = Patch(
     name="verl.preflight",
@@ -269,13 +284,212 @@ SGLANG_SCHEDULE_BATCH = Patch(
     ),
 )
 
+_VLLM_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_VLLM_BATCH = "vllm.v1.worker.gpu_input_batch"
+_VLLM_SCHEDULED = "vllm.v1.core.sched.output"
+_VLLM_COMPILATION = "vllm.config.compilation"
+
+VLLM_MODEL_RUNNER = Patch(
+    name="vllm.model_runner",
+    target=_VLLM_RUNNER,
+    implementation="msprobe_hooks.patches.vllm_model_runner",
+    distribution="vllm",
+    versions=">=0.11",
+    why="A dumped inference step must be tied to the requests and prompts it ran, and vLLM packs several "
+    "requests, prefill and decode mixed, into one forward, with ids it may suffix at random; upstream logs "
+    "none of it. GPU vLLM has no msprobe switch at all, so its dumps needed source edits.",
+    how="Wraps GPUModelRunner (also the base of vLLM-Ascend's NPUModelRunner). After _update_states, whose "
+    "input_batch.req_ids is the packed token order, one dispatch_log.jsonl line per model step: requests in "
+    "that order with offsets, scheduled and already-computed tokens, prompt length and hash, raw and "
+    "suffix-stripped ids, full-prefill flag, the msprobe step{N} and whether it was dumped. With "
+    "MSPROBE_GENERATE_CONFIG on GPU vLLM it drives msprobe as vLLM-Ascend does: start() after _update_states "
+    "(scheduled tokens in packed order), stop() and step() when execute_model returns output or "
+    "sample_tokens returns; dumps under {dump_path}/{pid}/. Refuses (one error line) when the engine is not "
+    "eager. __init__ re-applies wrappers replaced since import (vLLM-Ascend 0.13 swaps _update_states).",
+    retire_when="vLLM logs per-step request dispatch itself (ids, offsets, computed tokens) and has an msprobe "
+    "switch like vLLM-Ascend's additional_config.dump_config_path.",
+    contract=(
+        Method(_VLLM_RUNNER, "GPUModelRunner.__init__", ("self", "vllm_config", "device")),
+        Method(_VLLM_RUNNER, "GPUModelRunner._update_states", ("self", "scheduler_output")),
+        Method(_VLLM_RUNNER, "GPUModelRunner.execute_model", ("self", "scheduler_output", "intermediate_tensors")),
+        Method(_VLLM_RUNNER, "GPUModelRunner.sample_tokens", ("self", "grammar_output"), versions=">=0.11.1"),
+        Method(_VLLM_RUNNER, "GPUModelRunner.get_model", ("self",)),
+        Attribute(_VLLM_RUNNER, "GPUModelRunner", "requests"),
+        Attribute(_VLLM_RUNNER, "GPUModelRunner", "input_batch"),
+        Attribute(_VLLM_RUNNER, "GPUModelRunner", "compilation_config"),
+        Attribute(_VLLM_BATCH, "InputBatch", "req_ids"),
+        Attribute(_VLLM_BATCH, "InputBatch", "num_computed_tokens_cpu"),
+        Attribute(_VLLM_BATCH, "InputBatch", "num_prompt_tokens"),
+        Attribute(_VLLM_BATCH, "CachedRequestState", "prompt_token_ids"),
+        Attribute(_VLLM_SCHEDULED, "SchedulerOutput", "scheduled_new_reqs"),
+        Attribute(_VLLM_SCHEDULED, "SchedulerOutput", "num_scheduled_tokens"),
+        Attribute(_VLLM_SCHEDULED, "SchedulerOutput", "total_num_scheduled_tokens"),
+        Attribute(_VLLM_SCHEDULED, "NewRequestData", "req_id"),
+        Attribute(_VLLM_COMPILATION, "CompilationConfig", "level", versions="<0.11.1"),
+        Attribute(_VLLM_COMPILATION, "CompilationConfig", "mode", versions=">=0.11.1"),
+        Attribute(_VLLM_COMPILATION, "CompilationConfig", "cudagraph_mode"),
+    ),
+)
+
+VLLM_MODEL_RUNNER_V2 = Patch(
+    name="vllm.model_runner_v2",
+    target="vllm.v1.worker.gpu.model_runner",
+    implementation="msprobe_hooks.patches.vllm_model_runner_v2",
+    distribution="vllm",
+    versions=">=0.12",
+    why="Model Runner V2 (the default for more and more models from vLLM 0.23) is a separate class that packs "
+    "requests in another order; a worker running it would silently log and dump nothing.",
+    how="Wraps the V2 GPUModelRunner.__init__: a worker that builds one logs one error line naming "
+    "VLLM_USE_V2_MODEL_RUNNER=0 (raises under MSPROBE_HOOKS_STRICT=1). The runner is otherwise untouched.",
+    retire_when="msprobe-hooks follows V2 itself (its prepare_inputs result carries req_ids, scheduled and "
+    "computed tokens), or vLLM drops the V1 runner.",
+    contract=(Method("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.__init__", ("self", "vllm_config", "device")),),
+)
+
+VLLM_ASCEND_MODEL_RUNNER = Patch(
+    name="vllm_ascend.model_runner",
+    target="vllm_ascend.worker.model_runner_v1",
+    implementation="msprobe_hooks.patches.vllm_ascend_model_runner",
+    distribution="vllm-ascend",
+    versions=">=0.12.0rc1",  # 0.12 exists only as the v0.12.0rc1 tag
+    why="vLLM-Ascend's native msprobe switch (additional_config.dump_config_path) dumps every worker process "
+    "into the same step{N} folders, and nothing ties those steps to requests.",
+    how="Wraps NPUModelRunner.__init__ (applied when the runner is built, after vLLM-Ascend's own patches of "
+    "vLLM). The native debugger stays in charge: its dumps are redirected to {dump_path}/{pid}/, and "
+    "runner.debugger becomes a transparent proxy that reports each start() and step() wherever the release "
+    "calls them, so each dispatch_log.jsonl line (written by vllm.model_runner, required) carries the native "
+    "step{N} and whether it was dumped.",
+    retire_when="vLLM-Ascend writes per-process dump folders and a per-step dispatch record itself (the msprobe "
+    "async-dump recipe's DispatchLogger upstreamed).",
+    contract=(
+        Method("vllm_ascend.worker.model_runner_v1", "NPUModelRunner.__init__", ("self", "vllm_config", "device")),
+        Attribute("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", "debugger"),
+    ),
+)
+
 PATCHES: tuple[Patch, ...] = (
     VERL_FSDP_ENGINE,
     VERL_MEGATRON_ENGINE,
     VERL_NATIVE_PROFILER_GUARD,
     VERL_LEGACY_ACTOR,
+    Patch(
+        name="verl.trim_ray_trainer",
+        target=_RAY_TRAINER,
+        implementation="msprobe_hooks.patches.verl_ray_trainer",
+        distribution="verl",
+        versions=">=0.7,<0.10",
+        why=_TRIM_WHY + " This is the v0 trainer (DataProto), also behind the fully-async trainer.",
+        how="Wraps RayPPOTrainer._compute_old_log_prob: in trim mode the DataProto is cut in place "
+        "first (input_ids, attention_mask, position_ids lose the response columns; responses, "
+        "response_mask, rollout_log_probs become empty), so fit() goes on with the prompt-only batch. "
+        "Not in bypass mode (no old_log_prob forward there).",
+        retire_when="verl gains a prompt-only switch for the log-prob pass (none as of 0.9.1).",
+        contract=(
+            Method(_RAY_TRAINER, "RayPPOTrainer._compute_old_log_prob", ("self", "batch")),
+            Attribute(_RAY_TRAINER, "RayPPOTrainer", "config"),
+            Attribute("verl.protocol", "DataProto", "batch"),
+        ),
+    ),
+    Patch(
+        name="verl.trim_v1_trainer",
+        target=_V1_TRAINER,
+        implementation="msprobe_hooks.patches.verl_v1_trainer",
+        distribution="verl",
+        versions=">=0.9,<0.10",
+        why=_TRIM_WHY + " This is the v1 trainer (TransferQueue, jagged TensorDicts), the default from 0.9.",
+        how="Wraps PPOTrainer._compute_old_log_prob: in trim mode the batch's samples are read from "
+        "TransferQueue, cut per sample to their prompt (input_ids, 2-D or 3-D position_ids; the "
+        "per-response fields emptied) and the changed fields written back before the original runs.",
+        retire_when="verl gains a prompt-only switch for the log-prob pass (none as of 0.9.1).",
+        contract=(
+            Method(_V1_TRAINER, "PPOTrainer._compute_old_log_prob", ("self", "batch", "metrics")),
+            Attribute(_V1_TRAINER, "PPOTrainer", "config"),
+        ),
+    ),
+    Patch(
+        name="verl.trim_debug_metrics",
+        target=_DEBUG_METRICS,
+        implementation="msprobe_hooks.patches.verl_debug_metrics",
+        distribution="verl",
+        versions=">=0.7,<0.10",
+        why="After the PROMPTS_ONLY trim there are no response tokens to compare rollout and actor "
+        "log-probs on; the published recipe returns early here.",
+        how="Wraps calculate_debug_metrics: once this process has trimmed a batch it returns the "
+        "recipe's fixed metrics (valid 0, zeros) without reading the batch.",
+        retire_when="The trim itself is retired.",
+        contract=(Function(_DEBUG_METRICS, "calculate_debug_metrics", ("data",)),),
+    ),
+    Patch(
+        name="verl.trim_rollout_correction",
+        target=_ROLLOUT_CORRECTION,
+        implementation="msprobe_hooks.patches.verl_rollout_correction",
+        distribution="verl",
+        versions=">=0.7,<0.10",
+        why="After the PROMPTS_ONLY trim there are no response tokens to weight or reject; the "
+        "published recipe returns early here.",
+        how="Wraps compute_rollout_correction_and_add_to_batch: once this process has trimmed a batch "
+        "it returns (batch, {}) unchanged.",
+        retire_when="The trim itself is retired.",
+        contract=(
+            Function(
+                _ROLLOUT_CORRECTION, "compute_rollout_correction_and_add_to_batch", ("batch", "rollout_corr_config")
+            ),
+        ),
+    ),
+    Patch(
+        name="verl.request_id_llm_server",
+        target=_LLM_SERVER,
+        implementation="msprobe_hooks.patches.verl_llm_server",
+        distribution="verl",
+        versions=">=0.8,<0.10",
+        why="The training log and the inference dispatch log join on the rollout request id, which "
+        "verl sends to the engine and then drops.",
+        how="Wraps LLMServerClient._acquire_server (the server handle it returns notes the request_id "
+        "of each generate.remote call) and LLMServerClient.generate (its TokenOutput gets "
+        'extra_fields["request_id"], the id exactly as the engine received it).',
+        retire_when='verl records the engine request id in TokenOutput.extra_fields["request_id"] itself.',
+        contract=(
+            Method(_LLM_SERVER, "LLMServerClient._acquire_server", ("self", "request_id")),
+            Method(_LLM_SERVER, "LLMServerClient.generate", ("self", "request_id")),
+            Attribute("verl.workers.rollout.replica", "TokenOutput", "extra_fields"),
+        ),
+    ),
+    Patch(
+        name="verl.request_id_agent_loop",
+        target=_AGENT_LOOP,
+        implementation="msprobe_hooks.patches.verl_agent_loop",
+        distribution="verl",
+        versions=">=0.7,<0.10",
+        why="One trajectory makes several engine requests (one per turn, one per resumed fully-async "
+        "segment); the training sample must carry them, in the v0 batch and in the v1 TransferQueue "
+        "records. Before verl 0.8 the rollout client itself lived here.",
+        how="Wraps the agent-loop worker's _run_agent_loop (collects the ids its requests sent) and "
+        "_agent_loop_postprocess / AgentLoopOutput.as_dict (extra_fields and, for TransferQueue, "
+        "top-level fields request_id = the first id and inference_request_ids = all). For verl < 0.8 "
+        "also AsyncLLMServerManager._choose_server / _acquire_server and generate, as in "
+        "verl.request_id_llm_server.",
+        retire_when="verl carries the engine request ids of a trajectory into the training batch itself.",
+        contract=(
+            Method(
+                _AGENT_LOOP, "AgentLoopWorkerBase._run_agent_loop", ("self", "sampling_params", "trajectory"), "<0.7.1"
+            ),
+            Method(_AGENT_LOOP, "AgentLoopWorkerBase._agent_loop_postprocess", ("self", "output"), "<0.7.1"),
+            Method(_AGENT_LOOP, "AsyncLLMServerManager._choose_server", ("self", "request_id"), "<0.7.1"),
+            Method(
+                _AGENT_LOOP, "AgentLoopWorker._run_agent_loop", ("self", "sampling_params", "trajectory"), ">=0.7.1"
+            ),
+            Method(_AGENT_LOOP, "AgentLoopWorker._agent_loop_postprocess", ("self", "output"), ">=0.7.1"),
+            Method(_AGENT_LOOP, "AsyncLLMServerManager._acquire_server", ("self", "request_id"), ">=0.7.1,<0.8"),
+            Method(_AGENT_LOOP, "AsyncLLMServerManager.generate", ("self", "request_id"), "<0.8"),
+            Method(_AGENT_LOOP, "AgentLoopOutput.as_dict", ("self",), ">=0.8"),
+            Attribute(_AGENT_LOOP, "AgentLoopOutput", "extra_fields"),
+        ),
+    ),
     VERL_PREFLIGHT,
     SGLANG_MODEL_RUNNER,
     SGLANG_FORWARD_BATCH,
     SGLANG_SCHEDULE_BATCH,
+    VLLM_MODEL_RUNNER,
+    VLLM_MODEL_RUNNER_V2,
+    VLLM_ASCEND_MODEL_RUNNER,
 )

@@ -1,0 +1,166 @@
+"""The dispatch log: one JSON line per inference model step, the same for every engine.
+
+A line says which requests one model forward ran, in the order their tokens are packed, how
+many tokens each had computed before, the length and hash of each prompt, and whether msprobe
+dumped that forward and under which ``step{N}`` folder. ``align`` uses it to tie a dumped
+prefill to its request and prompt. The vLLM / vLLM-Ascend and SGLang patches build their lines
+here so that both write one schema (``docs/inference-vllm.md`` describes it).
+
+Files are ``{generate dump_path}/{pid}/dispatch_log.jsonl``, written through
+:class:`~msprobe_hooks.jsonl.JsonlLog`: complete lines only, one file per process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from . import debugger as debugger_module
+from .jsonl import JsonlLog
+from .records import prompt_hash, timestamp
+
+FILENAME = "dispatch_log.jsonl"
+SOURCE = "dispatch_logger"
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's share of a model step, in the engine's packed token order."""
+
+    request_id: str  # raw, as the engine sees it
+    request_id_base: str  # the id the client sent (engine suffix stripped)
+    new: bool  # first time the engine schedules it (else it was running, or resumed)
+    tokens: int  # scheduled in this step
+    computed_tokens: int  # computed before this step (> 0 on a prefix-cache hit or a later chunk)
+    prompt_len: int
+    prompt_hash: str | None  # None when the prompt is not token ids (embeddings)
+
+    @property
+    def prefill(self) -> bool:
+        return self.computed_tokens < self.prompt_len
+
+    @property
+    def full_prefill(self) -> bool:
+        """The whole prompt in this one step, nothing computed before: the row to compare with training."""
+        return self.computed_tokens == 0 and self.tokens == self.prompt_len
+
+
+def phase(requests: Sequence[ScheduledRequest]) -> str:
+    """``prefill`` or ``decode`` when every row is one, else ``mixed`` (vLLM packs both in one step)."""
+    prefills = sum(1 for r in requests if r.prefill)
+    if prefills == len(requests):
+        return "prefill"
+    return "decode" if prefills == 0 else "mixed"
+
+
+def request_rows(requests: Sequence[ScheduledRequest]) -> list[dict[str, Any]]:
+    """The ``requests`` field: one row per request with its token offset in the packed batch."""
+    rows = []
+    offset = 0
+    for r in requests:
+        rows.append(
+            {
+                "request_id": r.request_id,
+                "request_id_base": r.request_id_base,
+                "type": "new" if r.new else "cached",
+                "prefill": r.prefill,
+                "tokens": r.tokens,
+                "offset": offset,
+                "computed_tokens": r.computed_tokens,
+                "prompt_len": r.prompt_len,
+                "prompt_hash": r.prompt_hash,
+                "full_prefill": r.full_prefill,
+            }
+        )
+        offset += r.tokens
+    return rows
+
+
+def step_record(
+    *,
+    engine: str,
+    engine_version: str | None,
+    rank: int,
+    step: int,
+    dumped: bool,
+    requests: Sequence[ScheduledRequest],
+) -> dict[str, Any]:
+    """One dispatch-log line (published recipe fields first, then what alignment needs)."""
+    return {
+        "source": SOURCE,
+        "engine": engine,
+        "engine_version": engine_version,
+        "timestamp": timestamp(),
+        "pid": os.getpid(),
+        "rank": rank,
+        "step": step,
+        "dumped": dumped,
+        "phase": phase(requests),
+        "total_num_scheduled_tokens": sum(r.tokens for r in requests),
+        "num_requests": len(requests),
+        "requests": request_rows(requests),
+    }
+
+
+def open_log(root: str) -> JsonlLog:
+    """The dispatch log of this process under the generate dump root ``root``."""
+    return JsonlLog(root, FILENAME)
+
+
+def current_rank() -> int:
+    """The torch.distributed rank (the ``rank{R}`` folder msprobe dumps into), 0 when not distributed."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+class StepCounter:
+    """Per-process step numbers that equal msprobe's ``step{N}`` folders.
+
+    While a debugger runs, the number is msprobe's own (read after ``start()``); with no debugger,
+    or once msprobe has shut itself down (its step filter exhausted, after which it stops
+    counting), the count goes on from the last number, so lines never reuse a folder's number.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def take(self, debugger: Any | None = None) -> int:
+        if debugger is not None and not debugger_module.has_finished(debugger):
+            number = debugger_module.next_step(debugger)
+        else:
+            number = self._next
+        self._next = number + 1
+        return number
+
+
+class PromptHashes:
+    """``prompt_hash`` per live request, computed once per request.
+
+    Hashing every running request's prompt at every decode step would cost O(prompt length) per
+    row per step. An entry is reused only for the very same token-id object, so a request id that
+    comes back with another prompt (abort and resubmit) gets a fresh hash.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[object, str]] = {}
+
+    def get(self, request_id: str, token_ids: Sequence[int] | None) -> str | None:
+        if token_ids is None:
+            return None
+        known = self._known.get(request_id)
+        if known is not None and known[0] is token_ids:
+            return known[1]
+        value = prompt_hash(token_ids)
+        self._known[request_id] = (token_ids, value)
+        return value
+
+    def retain(self, live: Any) -> bool:
+        """Forget requests not in ``live`` (a container of ids) once finished ones pile up; True if it did."""
+        if len(self._known) <= 2 * len(live) + 64:
+            return False
+        self._known = {k: v for k, v in self._known.items() if k in live}
+        return True

@@ -1,0 +1,132 @@
+"""The dispatch-log record shared by every engine: rows, phases, step numbering, prompt hashes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from msprobe_hooks.dispatch_log import (
+    FILENAME,
+    PromptHashes,
+    ScheduledRequest,
+    StepCounter,
+    current_rank,
+    open_log,
+    phase,
+    step_record,
+)
+from msprobe_hooks.records import prompt_hash
+
+
+def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:
+    return ScheduledRequest(rid, rid.split("-")[0], new, tokens, computed, prompt_len, prompt_hash(range(prompt_len)))
+
+
+def test_prefill_and_full_prefill_per_row():
+    full = request("a", 6, 0, 6, new=True)
+    chunk = request("b", 2, 0, 10, new=True)  # first piece of a chunked prefill
+    later_chunk = request("b", 8, 2, 10)
+    cache_hit = request("c", 3, 4, 7, new=True)  # prefix-cache hit: prompt partly computed before
+    decode = request("a", 1, 6, 6)
+    recompute = request("d", 9, 0, 6)  # resumed after preemption: prompt plus outputs
+    assert [r.prefill for r in (full, chunk, later_chunk, cache_hit, decode, recompute)] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        True,
+    ]
+    assert [r.full_prefill for r in (full, chunk, later_chunk, cache_hit, decode, recompute)] == [
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_phase_of_a_step():
+    assert phase([request("a", 6, 0, 6), request("b", 2, 0, 10)]) == "prefill"
+    assert phase([request("a", 1, 6, 6), request("b", 1, 12, 10)]) == "decode"
+    assert phase([request("a", 1, 6, 6), request("b", 7, 2, 10)]) == "mixed"
+
+
+def test_record_fields_offsets_and_totals():
+    rows = [request("x-0a1b2c3d", 1, 6, 6), request("y-11112222", 7, 2, 10, new=True), request("z", 3, 4, 7)]
+    record = step_record(engine="vllm", engine_version="0.23.0", rank=3, step=17, dumped=True, requests=rows)
+    assert list(record)[:7] == ["source", "engine", "engine_version", "timestamp", "pid", "rank", "step"]
+    assert record["source"] == "dispatch_logger"
+    assert (record["pid"], record["rank"], record["step"], record["dumped"]) == (os.getpid(), 3, 17, True)
+    assert (record["phase"], record["total_num_scheduled_tokens"], record["num_requests"]) == ("mixed", 11, 3)
+    assert [(r["request_id"], r["offset"], r["tokens"]) for r in record["requests"]] == [
+        ("x-0a1b2c3d", 0, 1),
+        ("y-11112222", 1, 7),
+        ("z", 8, 3),
+    ]
+    second = record["requests"][1]
+    assert second == {
+        "request_id": "y-11112222",
+        "request_id_base": "y",
+        "type": "new",
+        "prefill": True,
+        "tokens": 7,
+        "offset": 1,
+        "computed_tokens": 2,
+        "prompt_len": 10,
+        "prompt_hash": prompt_hash(range(10)),
+        "full_prefill": False,
+    }
+    assert record["requests"][0]["type"] == "cached"
+    json.dumps(record)  # a log line
+
+
+def test_log_file_is_per_process_under_the_root(tmp_path):
+    log = open_log(str(tmp_path))
+    log.write({"step": 0})
+    assert (tmp_path / str(os.getpid()) / FILENAME).read_text() == '{"step":0}\n'
+
+
+def test_rank_is_zero_without_torch_distributed():
+    assert current_rank() == 0
+
+
+class _Service:
+    def __init__(self, loop: int, init_step: int, finished: bool) -> None:
+        self.loop, self.init_step, self.should_stop_service = loop, init_step, finished
+
+
+class _Debugger:
+    def __init__(self, loop: int, init_step: int = 0, finished: bool = False) -> None:
+        self.service = _Service(loop, init_step, finished)
+
+
+def test_step_numbers_follow_msprobe_then_go_on_after_it_finished():
+    counter = StepCounter()
+    assert [counter.take() for _ in range(2)] == [0, 1]  # no debugger: own count
+    assert counter.take(_Debugger(loop=5, init_step=10)) == 15  # msprobe's step{N}
+    frozen = _Debugger(loop=6, init_step=10, finished=True)  # step filter exhausted: msprobe stopped counting
+    assert [counter.take(frozen), counter.take(frozen)] == [16, 17]
+
+
+def test_prompt_hash_is_computed_once_per_prompt_object():
+    hashes = PromptHashes()
+    prompt = [3, 1, 4, 1, 5]
+    assert hashes.get("r", prompt) == prompt_hash(prompt)
+    hashes._known["r"] = (prompt, "cached")  # what a second lookup must reuse
+    assert hashes.get("r", prompt) == "cached"
+    resubmitted = [2, 7, 1]  # same id, another prompt object (abort and resubmit)
+    assert hashes.get("r", resubmitted) == prompt_hash(resubmitted)
+    assert hashes.get("e", None) is None  # prompt given as embeddings
+
+
+def test_prompt_hashes_forget_finished_requests():
+    hashes = PromptHashes()
+    prompts = {f"r{i}": [i] for i in range(100)}
+    for rid, prompt in prompts.items():
+        hashes.get(rid, prompt)
+    hashes.retain({"r1": None, "r2": None})
+    assert set(hashes._known) == {"r1", "r2"}
+    hashes.retain(set())  # few entries: nothing to reclaim yet
+    assert set(hashes._known) == {"r1", "r2"}

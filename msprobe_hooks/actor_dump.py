@@ -30,6 +30,7 @@ from . import config as config_module
 from . import debugger as debugger_module
 from .jsonl import JsonlLog
 from .log import logger
+from .request_ids import ALL_REQUEST_IDS, REQUEST_ID
 
 LOG_FILENAME = "update_actor_log.jsonl"
 LOG_SOURCE = "update_actor"  # the published recipe's value
@@ -47,7 +48,8 @@ class SampleInfo:
     index: int
     uid: str | None
     session_id: Any
-    request_ids: list[str]
+    request_id: str | None  # the rollout request whose prefill is this prompt alone (the first turn)
+    request_ids: list[str]  # every request of the trajectory, one per turn (or resumed segment)
     prompt_len: int
     prompt_hash: str
     seq_len: int
@@ -61,6 +63,7 @@ class SampleInfo:
             "index": self.index,
             "uid": self.uid,
             "session_id": self.session_id,
+            "request_id": self.request_id,
             "request_ids": self.request_ids,
             "prompt_len": self.prompt_len,
             "prompt_hash": self.prompt_hash,
@@ -178,13 +181,15 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     lengths = prompt_lengths(micro_batch)
     uids = _per_sample(tu.get(micro_batch, "uid"), count)
     sessions = _per_sample(tu.get(micro_batch, "session_id"), count)
-    requests = _per_sample(tu.get(micro_batch, "request_id"), count)
+    firsts = _per_sample(tu.get(micro_batch, REQUEST_ID), count)
+    every = _per_sample(tu.get(micro_batch, ALL_REQUEST_IDS), count)
     return [
         SampleInfo(
             index=i,
             uid=None if uids[i] is None else str(uids[i]),
             session_id=sessions[i],
-            request_ids=_request_ids(requests[i]),
+            request_id=None if firsts[i] is None else str(firsts[i]),
+            request_ids=_request_ids(every[i] if every[i] is not None else firsts[i]),
             prompt_len=lengths[i],
             prompt_hash=records.prompt_hash(sequences[i][: lengths[i]].tolist()),
             seq_len=int(sequences[i].shape[-1]),
@@ -379,7 +384,7 @@ class ActorDumper:
         if window.micro_batch is not None:
             samples, global_step = self.describe(window.micro_batch, window.patch)
         samples = [s for s in samples if not s.padding]
-        request_ids = [rid for sample in samples for rid in sample.request_ids]
+        request_ids = [sample.request_id for sample in samples if sample.request_id is not None]
         record = {
             "source": LOG_SOURCE,
             "timestamp": records.timestamp(),

@@ -77,6 +77,7 @@ def _expected_sample(index: int) -> dict:
     return {
         "uid": sample.uid,
         "session_id": sample.session_id,
+        "request_id": sample.request_id,
         "request_ids": [sample.request_id],
         "prompt_len": len(sample.prompt),
         "prompt_hash": records.prompt_hash(sample.prompt),

@@ -107,7 +107,9 @@ def _v0_batch(prompts: list[list[int]], responses: list[list[int]], mrope: bool)
             "response_mask": torch.tensor(rows_resp_mask),
             "position_ids": positions,
             "uid": ["u0", "pad1a2b"],
-            "request_id": [["turn-1", "turn-2"], None],
+            # As the trainer side records them: the first turn's id, and every turn's.
+            "request_id": ["turn-1", None],
+            "inference_request_ids": [["turn-1", "turn-2"], None],
         },
         non_tensor_dict={"global_steps": 7},
     )
@@ -122,7 +124,7 @@ def test_v0_layout_prompts_and_prompt_only_micro_batch(mrope: bool) -> None:
     assert not actor_dump.is_trimmed(batch)
     samples = actor_dump.describe_samples(batch)
     assert [s.prompt_hash for s in samples] == [records.prompt_hash(p) for p in prompts]
-    assert [s.request_ids for s in samples] == [["turn-1", "turn-2"], []]
+    assert [(s.request_id, s.request_ids) for s in samples] == [("turn-1", ["turn-1", "turn-2"]), (None, [])]
     assert [s.padding for s in samples] == [False, True]
     assert actor_dump.global_step_of(batch) == 7
     one = actor_dump.prompt_only_micro_batch(batch, 1, 5)

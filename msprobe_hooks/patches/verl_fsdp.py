@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .. import bootstrap, patching
+from .. import bootstrap, patching, prompts_only
 from ..actor_dump import dumper, is_trimmed
 
 PATCH_NAME = "verl.fsdp_engine"
@@ -37,8 +37,8 @@ def patch(module: ModuleType) -> None:
         if current is None:
             return wrapped(*args, **kwargs)
         micro_batch = kwargs["micro_batch"] if "micro_batch" in kwargs else args[0]
-        cfg = bootstrap.current_config()
-        if current.phase == "log_prob" and cfg.prompts_only == "forward" and not is_trimmed(micro_batch):
+        forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
+        if current.phase == "log_prob" and forward_mode and not is_trimmed(micro_batch):
             state.prompt_only_forwards(
                 current,
                 micro_batch,

@@ -1,0 +1,68 @@
+"""Actor micro-batch dumps in verl's FSDP engine (``verl.workers.engine.fsdp.transformer_impl``).
+
+``FSDPEngine.forward_backward_batch`` is wrapped to make each call a pass (is it an actor pass
+of the selected phase?); ``FSDPEngineWithLMHead.forward_step`` to dump each micro-batch of a due
+pass: the micro-batch itself (its forward and, when updating, its backward: the window closes
+when the backward from the returned loss finishes), or with ``PROMPTS_ONLY=1`` in a log-prob
+pass one prompt-only forward per sample, made with the engine's own ``forward_step`` (so its own
+input packing, position ids and multi-modal inputs) before the real, undumped forward.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from .. import bootstrap, patching, prompts_only
+from ..actor_dump import dumper, is_trimmed
+
+PATCH_NAME = "verl.fsdp_engine"
+
+
+def patch(module: ModuleType) -> None:
+    from verl.utils.device import get_device_id
+
+    value_head = module.FSDPEngineWithValueHead
+
+    def is_actor(engine: Any) -> bool:
+        # The ref engine is forward-only by configuration; critics are value-head engines.
+        return not engine.engine_config.forward_only and not isinstance(engine, value_head)
+
+    def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor(instance))
+
+    def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = dumper()
+        current = state.begin_micro_batch(instance)
+        if current is None:
+            return wrapped(*args, **kwargs)
+        micro_batch = kwargs["micro_batch"] if "micro_batch" in kwargs else args[0]
+        forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
+        if current.phase == "log_prob" and forward_mode and not is_trimmed(micro_batch):
+            state.prompt_only_forwards(
+                current,
+                micro_batch,
+                instance.module,
+                lambda batch: wrapped(batch, loss_function=None, forward_only=True),
+                instance.get_data_parallel_group(),
+                get_device_id(),
+            )
+            return wrapped(*args, **kwargs)
+        state.open(instance.module, current, "micro_batch", micro_batch)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            state.close()
+            raise
+        loss = result[0] if isinstance(result, tuple) and result else None
+        if current.phase == "log_prob" or not state.close_after_backward(loss):
+            state.close()
+        return result
+
+    patching.wrap_method(module.FSDPEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)
+    patching.wrap_method(module.FSDPEngineWithLMHead, "forward_step", forward_step, PATCH_NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    patching.unwrap_method(module.FSDPEngineWithLMHead, "forward_step", PATCH_NAME)
+    patching.unwrap_method(module.FSDPEngine, "forward_backward_batch", PATCH_NAME)

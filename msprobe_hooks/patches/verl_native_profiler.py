@@ -1,0 +1,33 @@
+"""Refuse verl's own msprobe integration next to ours (``verl.utils.profiler.profile``).
+
+With ``global_profiler.tool=precision_debugger`` verl creates msprobe's ``PrecisionDebugger``
+itself. msprobe allows one per process and silently hands the second creator the first one's
+object, so the two integrations would write into each other's dumps. The worker builds its
+``DistProfiler`` when it starts: that is where this patch stops the run, with one line.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from .. import patching
+from ..actor_dump import DumpRefused
+
+PATCH_NAME = "verl.native_profiler_guard"
+
+
+def patch(module: ModuleType) -> None:
+    def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+        wrapped(*args, **kwargs)
+        if instance._tool == "precision_debugger" and instance._enable:
+            raise DumpRefused(
+                "DUMP_ON=1 and verl's global_profiler.tool=precision_debugger are both on: msprobe allows one "
+                "debugger per process, so their dumps would corrupt each other; turn one of them off"
+            )
+
+    patching.wrap_method(module.DistProfiler, "__init__", init, PATCH_NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    patching.unwrap_method(module.DistProfiler, "__init__", PATCH_NAME)

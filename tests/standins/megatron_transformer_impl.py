@@ -1,0 +1,85 @@
+"""Stand-in for ``verl.workers.engine.megatron.transformer_impl`` (verl >= 0.8 signatures).
+
+Megatron cannot run here. This module has the classes, methods, signatures and attributes the
+``verl.megatron_engine`` patch relies on (checked against the patch's contract by the tests), and
+drives them as Megatron's no-pipelining schedule drives verl's callbacks: per micro-batch,
+``forward_step_func(data_iterator, model)`` returns the output and a loss function (verl's
+``postprocess_micro_batch_func`` bound to the micro-batch), the schedule calls it and, when
+training, runs the backward from the returned loss. The model chunks are small real torch
+modules, so msprobe really dumps them. Micro-batches are verl's own TensorDicts, and the engine
+classes derive from verl's ``BaseEngine`` as the real ones do.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine.base import BaseEngine  # verl's other engines (MindSpeed) register subclasses
+
+
+class _ParallelState:
+    """Stands for ``megatron.core.parallel_state``, imported by the real module as ``mpu``."""
+
+    last_stage = True
+
+    def is_pipeline_last_stage(self, ignore_virtual: bool = False) -> bool:
+        return self.last_stage
+
+
+mpu = _ParallelState()
+
+
+def make_chunk(seed: int = 0, vocab: int = 128, hidden: int = 16) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    # msprobe skips the first and the last submodule when verl is imported: two more in between.
+    layers = [torch.nn.Linear(hidden, hidden) for _ in range(3)]
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, hidden), *layers)
+
+
+class MegatronEngine(BaseEngine):
+    def __init__(self, engine_config, chunks: list[torch.nn.Module]):
+        self.engine_config = engine_config
+        self.module = chunks
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        micro_batch_size = tu.get_non_tensor_data(data, "micro_batch_size_per_gpu", 1)
+        micro_batches = tu.chunk_tensordict(data, len(data) // micro_batch_size)
+        postprocess = partial(self.postprocess_micro_batch_func, forward_only=forward_only, loss_function=loss_function)
+        forward_step = partial(
+            self.forward_step, logits_processor_func=loss_function, postprocess_micro_batch_func=postprocess
+        )
+        data_iterator = iter(micro_batches)
+        outputs = []
+        for _ in micro_batches:
+            output, loss_func = forward_step(data_iterator, self.module[0])
+            loss, meta = loss_func(output)
+            if not forward_only:
+                loss.backward()
+            outputs.append(meta)
+        return outputs
+
+    def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
+        raise NotImplementedError
+
+    def postprocess_micro_batch_func(self, output, data, forward_only, loss_function):
+        raise NotImplementedError
+
+
+class MegatronEngineWithLMHead(MegatronEngine):
+    def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
+        batch = next(batch_iter)
+        output = model(batch["input_ids"].values().unsqueeze(0))
+        return output, partial(postprocess_micro_batch_func, data=batch)
+
+    def postprocess_micro_batch_func(self, output, data, forward_only, loss_function, local_cp_size=None):
+        loss = output.pow(2).mean() if loss_function is not None else torch.tensor(1.0)
+        return loss, {"loss": float(loss.detach())}
+
+
+class MegatronEngineWithValueHead(MegatronEngineWithLMHead):
+    def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
+        batch = next(batch_iter)
+        values = model(batch["input_ids"].values().unsqueeze(0)).sum(-1)
+        return values, partial(postprocess_micro_batch_func, data=batch)

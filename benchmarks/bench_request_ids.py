@@ -4,7 +4,7 @@ verl's real ``LLMServerClient.generate`` against an in-process stand-in server, 
 the patches. In a job each call is a Ray RPC to an inference engine (milliseconds at least), so
 what matters is the absolute added time per call, printed in microseconds.
 
-    python benchmarks/request_id_overhead.py [calls]
+    python benchmarks/bench_request_ids.py [calls]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ request identities taken in ``ForwardBatch.init_new`` (prompt hash once per requ
 after) and the row building plus one JSON line written in ``forward``. Batches are
 ForwardBatch-shaped objects, so SGLang is not needed; numbers are CPU microseconds per forward.
 
-    python benchmarks/sglang_dispatch_log.py
+    python benchmarks/bench_sglang_dispatch_log.py
 """
 
 from __future__ import annotations

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from pathlib import Path
 
 from conftest import Result, run_python, shim_env
+
+from msprobe_hooks import contracts
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 FAMILIES = {
@@ -15,6 +18,8 @@ FAMILIES = {
     "0.5.11": STANDINS / "sglang_0_5_11",
     "0.5.23": STANDINS / "sglang_0_5_23",
 }
+# The bases and pieces every version's stand-in shares (see its docstring).
+COMMON = STANDINS / "sglang_common.py"
 
 # Two prompts, then a third that shares the first one's first three tokens (a radix-cache hit).
 WAVES = [{"req-a": [1, 2, 3, 4], "req-b": [5, 6, 7]}, {"req-c": [1, 2, 3, 9, 9]}]
@@ -28,6 +33,34 @@ scheduler = Scheduler(ServerArgs(**spec["server_args"]), gpu_id=spec["gpu_id"], 
 outputs = scheduler.generate(spec["waves"], spec["max_new_tokens"])
 print(json.dumps({{"pid": os.getpid(), "outputs": outputs, "overlap_thread": scheduler.overlap is not None}}))
 """
+
+
+def standin_facts(version: str, module: str) -> contracts.Facts | None:
+    """The facts of a stand-in module as Python sees its classes, or None where the version has no such module.
+
+    ``contracts.extract_facts`` reads one file; a stand-in class may take fields from a base in
+    ``sglang_common``, so the classes a module imports from there (and their bases there) are added
+    under the names the module uses. A member in a shared base then counts for every version, both
+    where the contract asks for it and where a release must lack it.
+    """
+    candidates = [FAMILIES[version] / rel for rel in contracts.module_relpaths(module)]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text(), filename=str(path))
+    facts = contracts.extract_facts(tree)
+    taken = [
+        alias
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == COMMON.stem
+        for alias in node.names
+    ]
+    if taken:
+        assert all(alias.asname is None for alias in taken), f"{path}: import shared classes under their own names"
+        shared = contracts.extract_facts(ast.parse(COMMON.read_text()), classes={alias.name for alias in taken})
+        assert not facts["classes"].keys() & shared["classes"].keys(), f"{path} redefines a class of {COMMON.name}"
+        facts["classes"].update(shared["classes"])
+    return facts
 
 
 def env_for(version: str, **overrides: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ look like those releases where the patches look.
 from __future__ import annotations
 
 import pytest
-from sglang_support import FAMILIES
+from sglang_support import FAMILIES, standin_facts
 
 from msprobe_hooks import contracts
 from msprobe_hooks.contracts import Attribute
@@ -35,14 +35,6 @@ ABSENT = {
 }
 
 
-def _facts(version: str, module: str) -> contracts.Facts | None:
-    for rel in contracts.module_relpaths(module):
-        path = FAMILIES[version] / rel
-        if path.is_file():
-            return contracts.source_facts(str(path))
-    return None
-
-
 def _items():
     for patch in SGLANG:
         yield from patch.contract
@@ -53,7 +45,8 @@ def test_standin_meets_every_contract_item_of_its_version(version):
     problems = [
         problem
         for item in _items()
-        if contracts.applies(item, version) and (problem := contracts.check_facts(item, _facts(version, item.module)))
+        if contracts.applies(item, version)
+        and (problem := contracts.check_facts(item, standin_facts(version, item.module)))
     ]
     assert problems == []
 
@@ -64,7 +57,7 @@ def test_standin_lacks_what_its_release_lacks(version):
     for name in ABSENT[version]:
         item = by_name[name]
         assert not contracts.applies(item, version)
-        assert contracts.check_facts(item, _facts(version, item.module)) is not None, name
+        assert contracts.check_facts(item, standin_facts(version, item.module)) is not None, name
 
 
 def test_standin_versions_are_the_dist_info_versions():

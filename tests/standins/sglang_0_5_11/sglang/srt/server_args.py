@@ -2,19 +2,13 @@
 
 import dataclasses
 
+from sglang_common import ServerArgsBase
+
 
 @dataclasses.dataclass
-class ServerArgs:
-    model_path: str = "tiny"
-    device: str = "cpu"
-    tp_size: int = 1
-    dp_size: int = 1
-    enable_dp_attention: bool = False
+class ServerArgs(ServerArgsBase):
     disable_cuda_graph: bool = False
     disable_piecewise_cuda_graph: bool = False
-    disable_overlap_schedule: bool = False
-    disable_radix_cache: bool = False
-    enable_mixed_chunk: bool = False
     skip_server_warmup: bool = False
     msprobe_dump_config: str | None = None
 

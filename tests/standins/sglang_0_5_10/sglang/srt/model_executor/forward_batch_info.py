@@ -1,60 +1,24 @@
-"""Stand-in for sglang/srt/model_executor/forward_batch_info.py of 0.5.10 (rids from 0.5.10)."""
+"""Stand-in for sglang/srt/model_executor/forward_batch_info.py of 0.5.10: ForwardBatch.rids is new.
 
-from __future__ import annotations
+0.5.11 has the same (its file is a link to this one).
+"""
 
 from dataclasses import dataclass
-from enum import IntEnum, auto
 
-import torch
-from tiny_lm import positions_of
+from sglang_common import ForwardBatchBase, ForwardModeBase
 
-
-class ForwardMode(IntEnum):
-    EXTEND = auto()
-    DECODE = auto()
-    MIXED = auto()
-    IDLE = auto()
-    TARGET_VERIFY = auto()
-    DRAFT_EXTEND = auto()
-    DUMMY_FIRST = auto()
-    SPLIT_PREFILL = auto()
-
-    def is_extend(self):
-        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.DRAFT_EXTEND, ForwardMode.TARGET_VERIFY)
-
-    def is_decode(self):
-        return self == ForwardMode.DECODE
-
-    def is_idle(self):
-        return self == ForwardMode.IDLE
+ForwardMode = ForwardModeBase(
+    "ForwardMode", "EXTEND DECODE MIXED IDLE TARGET_VERIFY DRAFT_EXTEND DUMMY_FIRST SPLIT_PREFILL", module=__name__
+)
 
 
 @dataclass
-class ForwardBatch:
+class ForwardBatch(ForwardBatchBase):
     """Store all inputs of a forward pass."""
 
-    forward_mode: ForwardMode
-    batch_size: int
-    input_ids: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor | None = None
-    positions: torch.Tensor = None
-    extend_prefix_lens_cpu: list[int] | None = None
-    extend_seq_lens_cpu: list[int] | None = None
     rids: list[str] | None = None
 
     @classmethod
     def init_new(cls, batch, model_runner):
-        ret = cls(
-            forward_mode=batch.forward_mode,
-            batch_size=len(batch.seq_lens),
-            input_ids=batch.input_ids,
-            seq_lens=batch.seq_lens,
-            seq_lens_cpu=batch.seq_lens_cpu,
-            rids=[req.rid for req in batch.reqs],
-        )
-        if not ret.forward_mode.is_decode() and not ret.forward_mode.is_idle():
-            ret.extend_prefix_lens_cpu = batch.extend_prefix_lens
-            ret.extend_seq_lens_cpu = batch.extend_seq_lens
-        ret.positions = positions_of(ret.extend_prefix_lens_cpu, ret.extend_seq_lens_cpu, ret.seq_lens_cpu.tolist())
-        return ret
+        rids = [req.rid for req in batch.reqs]
+        return cls.from_batch(batch, batch.extend_prefix_lens, batch.extend_seq_lens, rids=rids)

@@ -4,30 +4,19 @@ import dataclasses
 from array import array
 
 import torch
+from sglang_common import ReqBase, ScheduleBatchBase
 
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-
-class Req:
+class Req(ReqBase):
     """The input and output status of a request."""
 
     def __init__(self, rid: str, origin_input_ids: list[int]):
-        self.rid = rid
-        self.origin_input_ids = array("i", origin_input_ids)
-        self.output_ids = []
-        self.prefix_indices = []
+        super().__init__(rid, array("i", origin_input_ids))
 
 
 @dataclasses.dataclass
-class ScheduleBatch:
-    """Store all information of a batch on the scheduler."""
-
-    reqs: list[Req]
-    forward_mode: ForwardMode = None
-    input_ids: torch.Tensor = None
-    seq_lens: torch.Tensor = None
-    prefix_lens: list[int] = None
-    extend_lens: list[int] = None
+class ScheduleBatch(ScheduleBatchBase):
+    """Store all information of a batch on the scheduler; from 0.5.13 the model worker gets it as is."""
 
     @property
     def seq_lens_cpu(self) -> torch.Tensor:

@@ -1,17 +1,10 @@
 """Stand-in for sglang/srt/managers/tp_worker.py of 0.5.23: the ForwardBatch is built from the ScheduleBatch."""
 
-from dataclasses import dataclass
+from sglang_common import GenerationBatchResult
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.runtime_context import set_context
-
-
-@dataclass
-class GenerationBatchResult:
-    logits_output: object
-    next_token_ids: list
-    can_run_cuda_graph: bool
 
 
 class TpModelWorker:
@@ -19,9 +12,7 @@ class TpModelWorker:
 
     def __init__(self, server_args, gpu_id: int, tp_rank: int):
         set_context(server_args, tp_rank)  # the scheduler process does this at start-up
-        self.model_runner = ModelRunner(
-            model_config=None, mem_fraction_static=0.8, gpu_id=gpu_id, nccl_port=0, server_args=server_args
-        )
+        self.model_runner = ModelRunner(None, 0.8, gpu_id, nccl_port=0, server_args=server_args)
 
     def forward_batch_generation(
         self,

@@ -356,6 +356,13 @@ class ActorDumper:
         except Exception as exc:  # our bookkeeping must not break the training step
             patching.report_failure(window.patch, "closing an msprobe step", exc)
 
+    def forward_done(self, phase: str, result: Any) -> None:
+        """A micro-batch's forward returned ``result`` (``(loss, ...)``): close its window now in a
+        log-prob pass, or once its backward has run in an update."""
+        loss = result[0] if isinstance(result, tuple) and result else None
+        if phase == "log_prob" or not self.close_after_backward(loss):
+            self.close()
+
     def close_after_backward(self, loss: Any) -> bool:
         """Close the open window when the backward started from ``loss`` has finished.
 

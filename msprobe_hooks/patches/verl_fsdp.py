@@ -54,9 +54,7 @@ def patch(module: ModuleType) -> None:
         except BaseException:
             state.close()
             raise
-        loss = result[0] if isinstance(result, tuple) and result else None
-        if current.phase == "log_prob" or not state.close_after_backward(loss):
-            state.close()
+        state.forward_done(current.phase, result)
         return result
 
     patching.wrap_method(module.FSDPEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)

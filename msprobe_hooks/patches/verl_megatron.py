@@ -75,9 +75,7 @@ def patch(module: ModuleType) -> None:
             return wrapped(*args, **kwargs)
         state.attach(kwargs["data"] if "data" in kwargs else args[1])
         result = wrapped(*args, **kwargs)
-        loss = result[0] if isinstance(result, tuple) and result else None
-        if current.phase == "log_prob" or not state.close_after_backward(loss):
-            state.close()
+        state.forward_done(current.phase, result)
         return result
 
     patching.wrap_method(module.MegatronEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)

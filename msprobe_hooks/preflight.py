@@ -22,6 +22,7 @@ from importlib import metadata
 
 from omegaconf import DictConfig, OmegaConf
 
+from . import prompts_only
 from .config import Config, read_msprobe_config
 
 ROLLOUT_BACKENDS = ("vllm-ascend", "vllm", "sglang")
@@ -244,6 +245,20 @@ def _rollout_correction(run: Run) -> list[Wrong]:
     return _all(run, {key: value for key, value in wanted.items() if run.get(key) is not ABSENT})
 
 
+def _prompts_only_forward(run: Run) -> list[Wrong]:
+    return [Wrong("PROMPTS_ONLY=1 with the Megatron engine", "export PROMPTS_ONLY=trim")]
+
+
+def _prompts_only_mode(run: Run) -> str:
+    """The mode the job will run in: PROMPTS_ONLY=1 trims by itself with Megatron pipeline parallelism."""
+    pipeline = run.number(f"{ACTOR}.megatron.pipeline_model_parallel_size") if run.strategy == "megatron" else 1
+    return prompts_only.mode(run.settings, pipeline)
+
+
+def _megatron_prompt_forward(run: Run) -> bool:
+    return run.strategy == "megatron" and _prompts_only_mode(run) == prompts_only.FORWARD
+
+
 def _log_prob_recomputed(run: Run) -> list[Wrong]:
     return _all(run, dict.fromkeys(_present(run, ("algorithm.rollout_correction.bypass_mode",)), False))
 
@@ -434,12 +449,20 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "rollout-correction",
-        "trim mode (PROMPTS_ONLY=trim): rollout correction is off (rollout_is, rollout_rs, rollout_rs_threshold "
-        "null, rollout_is_batch_normalize False)",
+        "trim mode (PROMPTS_ONLY=trim, or 1 with Megatron pipeline parallelism): rollout correction is off "
+        "(rollout_is, rollout_rs, rollout_rs_threshold null, rollout_is_batch_normalize False)",
         "trim mode cuts the responses off before old_log_prob, and rollout correction weighs response tokens "
         "by comparing exactly those log-probs with the rollout's",
         _rollout_correction,
-        lambda run: run.settings.prompts_only == "trim",
+        lambda run: _prompts_only_mode(run) == prompts_only.TRIM,
+    ),
+    Rule(
+        "megatron-prompts-only",
+        "Megatron: PROMPTS_ONLY is trim (or 0), not 1",
+        "PROMPTS_ONLY=1 needs an extra prompt-only forward, which msprobe-hooks runs on the FSDP engine only; "
+        "the Megatron engine patch refuses it at the first log-prob pass, after the rollout",
+        _prompts_only_forward,
+        _megatron_prompt_forward,
     ),
     Rule(
         "log-prob-recomputed",

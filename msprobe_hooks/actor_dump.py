@@ -223,18 +223,30 @@ def prompt_only_micro_batch(micro_batch: Any, index: int, prompt_len: int) -> An
     """Sample ``index`` of ``micro_batch`` as a one-sample micro-batch holding only its prompt.
 
     Every per-sample field comes along (temperature, multi-modal inputs, flags); ``input_ids``
-    and ``position_ids`` are cut to the prompt (the last dimension, so 3-D mRoPE ids too). The
-    flags asking for extra outputs are turned off: only the model forward is wanted.
+    and ``position_ids`` are cut to the prompt (the last dimension, so 3-D mRoPE ids too).
+    ``loss_mask`` becomes zeros over the prompt: no token of it is a training target, and it is
+    as long as ``input_ids``, which every reader accepts (Megatron's MTP loss-mask builders; the
+    FSDP engine's padded path in verl 0.7.1/0.8, which takes its attention mask from it). The
+    flags asking for extra outputs are turned off, and Megatron's padding to the mini-batch's
+    longest sequence (``forced_max_seqlen``, verl 0.9) is dropped: only the prompt's own forward
+    is wanted.
     """
+    import torch
     from verl.utils import tensordict_utils as tu
 
     one = tu.index_select_tensor_dict(micro_batch, [index])
     for key in ("input_ids", "position_ids"):
         full = micro_batch[key]
         one[key] = _one_row(full.unbind()[index][..., :prompt_len], full)
+    loss_mask = micro_batch.get("loss_mask", None)
+    if loss_mask is not None:
+        zeros = torch.zeros(prompt_len, dtype=loss_mask.dtype, device=loss_mask.device)
+        one["loss_mask"] = _one_row(zeros, micro_batch["input_ids"])
     tu.assign_non_tensor(
         one, calculate_entropy=False, calculate_sum_pi_squared=False, distillation_use_topk=False, compute_loss=False
     )
+    if tu.get(one, "forced_max_seqlen") is not None:
+        tu.assign_non_tensor(one, forced_max_seqlen=None)
     return one
 
 

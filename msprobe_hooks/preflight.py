@@ -245,8 +245,10 @@ def _rollout_correction(run: Run) -> list[Wrong]:
     return _all(run, {key: value for key, value in wanted.items() if run.get(key) is not ABSENT})
 
 
-def _prompts_only_forward(run: Run) -> list[Wrong]:
-    return [Wrong("PROMPTS_ONLY=1 with the Megatron engine", "export PROMPTS_ONLY=trim")]
+def _megatron_prompt_forward_blockers(run: Run) -> list[Wrong]:
+    # Keys an older verl lacks (router replay before 0.7.1, dynamic CP before 0.8) are off there.
+    wanted = {f"{ACTOR}.megatron.router_replay.mode": "disabled", f"{ACTOR}.megatron.dynamic_context_parallel": False}
+    return _all(run, {key: value for key, value in wanted.items() if run.get(key) is not ABSENT})
 
 
 def _prompts_only_mode(run: Run) -> str:
@@ -458,10 +460,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "megatron-prompts-only",
-        "Megatron: PROMPTS_ONLY is trim (or 0), not 1",
-        "PROMPTS_ONLY=1 needs an extra prompt-only forward, which msprobe-hooks runs on the FSDP engine only; "
-        "the Megatron engine patch refuses it at the first log-prob pass, after the rollout",
-        _prompts_only_forward,
+        "Megatron with PROMPTS_ONLY=1 (pipeline parallel size 1): router replay and dynamic context parallelism "
+        "are off (or PROMPTS_ONLY=trim)",
+        "the extra prompt-only forward would record or replay expert routes of its own, and a one-prompt forward "
+        "does not fit a dynamic context-parallel layout; the Megatron engine patch refuses it at the first "
+        "log-prob pass, after the rollout",
+        _megatron_prompt_forward_blockers,
         _megatron_prompt_forward,
     ),
     Rule(

@@ -113,7 +113,28 @@ CASES = [
         env={"PROMPTS_ONLY": "trim"},
     ),
     Case("is-without-trim", ["algorithm.rollout_correction.rollout_is=token"], set(), env={"PROMPTS_ONLY": "1"}),
-    Case("megatron-prompt-forward", [], {"megatron-prompts-only"}, "megatron", env={"PROMPTS_ONLY": "1"}),
+    Case("megatron-prompt-forward", [], set(), "megatron", env={"PROMPTS_ONLY": "1"}),
+    Case(
+        "megatron-prompt-forward-router-replay",
+        ["actor_rollout_ref.actor.megatron.router_replay.mode=R3"],
+        {"megatron-prompts-only"},
+        "megatron",
+        env={"PROMPTS_ONLY": "1"},
+    ),
+    Case(
+        "megatron-prompt-forward-dynamic-cp",
+        ["actor_rollout_ref.actor.megatron.dynamic_context_parallel=True"],
+        {"megatron-prompts-only"},
+        "megatron",
+        env={"PROMPTS_ONLY": "1"},
+    ),
+    Case(
+        "megatron-trim-router-replay",
+        ["actor_rollout_ref.actor.megatron.router_replay.mode=R3"],
+        set(),  # trim runs no extra forward
+        "megatron",
+        env={"PROMPTS_ONLY": "trim"},
+    ),
     Case(
         "megatron-pp-trims-itself",
         ["actor_rollout_ref.rollout.pipeline_model_parallel_size=2"]

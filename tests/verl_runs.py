@@ -1,7 +1,8 @@
 """Running ``tests/verl_engine_child.py`` (verl's real FSDP2 engine on CPU) and reading what it left.
 
-Shared by the engine tests; one child process per configuration, at world size 1 or under
-torchrun at world size 2, with the shim on PYTHONPATH so activation happens as in a user's job.
+Shared by the engine tests (and by the Megatron stand-in's, with its own child); one child
+process per configuration, at world size 1 or under torchrun at world size 2, with the shim on
+PYTHONPATH so activation happens as in a user's job.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class EngineRun:
         return json.loads((self.dump_root / f"step{step}" / f"rank{rank}" / "dump.json").read_text())["data"]
 
 
-def run_engine(tmp: Path, spec: dict, *, world_size: int = 1, dump: bool = True, **env: str) -> EngineRun:
-    """Run the child with ``spec``; ``dump`` sets DUMP_ON=1; ``env`` adds variables (DUMP_PHASE, …)."""
+def run_engine(
+    tmp: Path, spec: dict, *, world_size: int = 1, dump: bool = True, child: Path = CHILD, **env: str
+) -> EngineRun:
+    """Run ``child`` with ``spec``; ``dump`` sets DUMP_ON=1; ``env`` adds variables (DUMP_PHASE, …)."""
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "report"
     out.mkdir(exist_ok=True)
@@ -66,7 +69,7 @@ def run_engine(tmp: Path, spec: dict, *, world_size: int = 1, dump: bool = True,
         variables["DUMP_ON"] = "1"
     argument = json.dumps({**spec, "out": str(out)})
     if world_size == 1:
-        command = [sys.executable, str(CHILD), argument]
+        command = [sys.executable, str(child), argument]
     else:
         command = [
             sys.executable,
@@ -74,7 +77,7 @@ def run_engine(tmp: Path, spec: dict, *, world_size: int = 1, dump: bool = True,
             "torch.distributed.run",
             f"--nproc_per_node={world_size}",
             f"--master_port={_free_port()}",
-            str(CHILD),
+            str(child),
             argument,
         ]
     done = subprocess.run(

@@ -17,11 +17,20 @@ from ..registry import Patch
 _FSDP = "verl.workers.engine.fsdp.transformer_impl"
 _MEGATRON = "verl.workers.engine.megatron.transformer_impl"
 _TU = "verl.utils.tensordict_utils"
+_ENGINE_CONFIG = "verl.workers.config.engine"
 
 # What both engine patches read from a micro-batch and from the engine configuration.
 _VERL_COMMON = (
-    Attribute("verl.workers.config.engine", "EngineConfig", "forward_only"),
+    Attribute(_ENGINE_CONFIG, "EngineConfig", "forward_only"),
     Function(_TU, "get", ("tensordict", "key", "default")),
+)
+
+# What the PROMPTS_ONLY=1 extra forward of both engines uses: the one-sample micro-batch
+# (actor_dump.prompt_only_micro_batch) and the device of the forward-count all-reduce.
+_PROMPT_FORWARD = (
+    Function("verl.utils.device", "get_device_id", ()),
+    Function(_TU, "index_select_tensor_dict", ("batch", "indices")),
+    Function(_TU, "assign_non_tensor", ("tensor_dict",)),
 )
 
 
@@ -57,9 +66,7 @@ VERL_FSDP_ENGINE = Patch(
         Attribute(_FSDP, "FSDPEngine", "engine_config"),
         Attribute(_FSDP, "FSDPEngine", "module"),
         Attribute(_FSDP, "FSDPEngineWithValueHead", "engine_config"),
-        Function("verl.utils.device", "get_device_id", ()),
-        Function(_TU, "index_select_tensor_dict", ("batch", "indices")),
-        Function(_TU, "assign_non_tensor", ("tensor_dict",)),
+        *_PROMPT_FORWARD,
         *_VERL_COMMON,
     ),
 )
@@ -74,6 +81,8 @@ VERL_FSDP_ENGINE = Patch(
 #       forward_step (called by the schedule per micro-batch) opens the msprobe step; the
 #       schedule's loss function (postprocess_micro_batch_func) names the samples and closes it,
 #       after the backward in an update. Last pipeline stage only; all model chunks bound.
+#       PROMPTS_ONLY=1 with PP = 1: forward_step takes the micro-batch from batch_iter, runs
+#       itself once per sample on the prompt alone (dumped, no_grad), then on the micro-batch.
 #    Future plan:
 #       As for FSDP.
 VERL_MEGATRON_ENGINE = Patch(
@@ -86,7 +95,9 @@ VERL_MEGATRON_ENGINE = Patch(
     how="Wraps MegatronEngine.forward_backward_batch (one pass per call), MegatronEngineWithLMHead.forward_step "
     "(opens one msprobe step per micro-batch on the last pipeline stage, binding every model chunk) and "
     "postprocess_micro_batch_func (logs the micro-batch's samples; closes the step, after the backward in an "
-    "update). Refuses virtual pipeline parallelism and PROMPTS_ONLY=1 on untrimmed batches.",
+    "update). PROMPTS_ONLY=1 with PP = 1: one extra prompt-only forward_step per sample of a log-prob "
+    "micro-batch, dumped, then the real one, undumped. Refuses virtual pipeline parallelism; with "
+    "PROMPTS_ONLY=1, untrimmed batches under PP > 1, router replay and dynamic context parallelism.",
     retire_when="verl's precision_debugger profiler dumps per micro-batch and logs each dump.",
     contract=(
         Method(_MEGATRON, "MegatronEngine.forward_backward_batch", ("self", "data", "loss_function", "forward_only")),
@@ -107,9 +118,14 @@ VERL_MEGATRON_ENGINE = Patch(
             "MegatronEngineWithLMHead.postprocess_micro_batch_func",
             ("self", "output", "data", "forward_only", "loss_function"),
         ),
+        Method(_MEGATRON, "MegatronEngine.get_data_parallel_group", ("self",)),
         Attribute(_MEGATRON, "MegatronEngine", "engine_config"),
         Attribute(_MEGATRON, "MegatronEngine", "module"),
+        Attribute(_MEGATRON, "MegatronEngine", "enable_routing_replay", versions=">=0.7.1"),
         Attribute(_MEGATRON, "MegatronEngineWithValueHead", "engine_config"),
+        Attribute(_ENGINE_CONFIG, "McoreEngineConfig", "pipeline_model_parallel_size"),
+        Attribute(_ENGINE_CONFIG, "McoreEngineConfig", "dynamic_context_parallel", versions=">=0.8"),
+        *_PROMPT_FORWARD,
         *_VERL_COMMON,
     ),
 )

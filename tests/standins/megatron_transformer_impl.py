@@ -8,6 +8,10 @@ drives them as Megatron's no-pipelining schedule drives verl's callbacks: per mi
 training, runs the backward from the returned loss. The model chunks are small real torch
 modules, so msprobe really dumps them. Micro-batches are verl's own TensorDicts, and the engine
 classes derive from verl's ``BaseEngine`` as the real ones do.
+
+``MegatronEngineWithLMHead.forward_step`` reads the micro-batch as verl's does where the patch's
+prompt-only micro-batches depend on it: ``loss_mask`` may be no longer than ``input_ids`` (verl's
+MTP loss-mask builders assert it), ``forced_max_seqlen`` pads the input (verl 0.9's BSHD path).
 """
 
 from __future__ import annotations
@@ -42,10 +46,15 @@ class MegatronEngine(BaseEngine):
     def __init__(self, engine_config, chunks: list[torch.nn.Module]):
         self.engine_config = engine_config
         self.module = chunks
+        self.enable_routing_replay = self.engine_config.router_replay.mode != "disabled"
+
+    def get_data_parallel_group(self):
+        return torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
-        micro_batch_size = tu.get_non_tensor_data(data, "micro_batch_size_per_gpu", 1)
-        micro_batches = tu.chunk_tensordict(data, len(data) // micro_batch_size)
+        size = tu.get_non_tensor_data(data, "micro_batch_size_per_gpu", 1)
+        starts = range(0, len(data), size)
+        micro_batches = [tu.index_select_tensor_dict(data, list(range(i, min(i + size, len(data))))) for i in starts]
         postprocess = partial(self.postprocess_micro_batch_func, forward_only=forward_only, loss_function=loss_function)
         forward_step = partial(
             self.forward_step, logits_processor_func=loss_function, postprocess_micro_batch_func=postprocess
@@ -70,12 +79,19 @@ class MegatronEngine(BaseEngine):
 class MegatronEngineWithLMHead(MegatronEngine):
     def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
         batch = next(batch_iter)
-        output = model(batch["input_ids"].values().unsqueeze(0))
+        input_ids, loss_mask = batch["input_ids"], batch["loss_mask"].to(bool)
+        for ids, mask in zip(input_ids.unbind(), loss_mask.unbind(), strict=True):
+            assert mask.shape[-1] <= ids.shape[-1], "loss_mask cannot be longer than input_ids"
+        forced_max_seqlen = tu.get_non_tensor_data(batch, "forced_max_seqlen", None)
+        if forced_max_seqlen is None:  # THD: the samples packed into one row
+            output = model(input_ids.values().unsqueeze(0))
+        else:  # BSHD: one row per sample, padded to the mini-batch's longest
+            output = model(torch.nested.to_padded_tensor(input_ids, 0, output_size=(len(batch), forced_max_seqlen)))
         return output, partial(postprocess_micro_batch_func, data=batch)
 
     def postprocess_micro_batch_func(self, output, data, forward_only, loss_function, local_cp_size=None):
         loss = output.pow(2).mean() if loss_function is not None else torch.tensor(1.0)
-        return loss, {"loss": float(loss.detach())}
+        return loss, {"loss": float(loss.detach()), "model_output": output.detach()}
 
 
 class MegatronEngineWithValueHead(MegatronEngineWithLMHead):

@@ -15,10 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from msprobe_hooks import config, preflight
+from msprobe_hooks import config, contracts, preflight
 from msprobe_hooks.registry import builtin_patches
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,11 +54,7 @@ def patch_catalogue() -> str:
         lines.append("No patch is registered yet.\n")
     for patch in patches:
         releases = sorted(
-            (
-                v
-                for v in snapshot.get(patch.distribution, {})
-                if SpecifierSet(patch.versions).contains(Version(v), prereleases=True)
-            ),
+            (v for v in snapshot.get(patch.distribution, {}) if contracts.version_supported(v, patch.versions)),
             key=Version,
         )
         lines += [

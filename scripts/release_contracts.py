@@ -29,7 +29,6 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import urljoin
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from msprobe_hooks import contracts
@@ -94,7 +93,7 @@ def supported_versions(released: list[str], specs: list[str]) -> list[str]:
         if (v.is_prerelease or v.is_devrelease) and v.release not in finals:
             newest_pre[v.release] = max(v, newest_pre.get(v.release, v))
     candidates = [v for v in parsed if not (v.is_prerelease or v.is_devrelease)] + list(newest_pre.values())
-    chosen = [v for v in candidates if any(SpecifierSet(s).contains(v, prereleases=True) for s in specs)]
+    chosen = [v for v in candidates if any(contracts.version_supported(str(v), spec) for spec in specs)]
     return [str(v) for v in sorted(chosen)]
 
 
@@ -212,7 +211,7 @@ def problems(patches: list[Patch], snapshot: dict) -> dict[str, dict[str, list[s
     found: dict[str, dict[str, list[str]]] = {}
     for patch in patches:
         releases = snapshot.get(patch.distribution, {})
-        versions = [v for v in releases if SpecifierSet(patch.versions).contains(Version(v), prereleases=True)]
+        versions = [v for v in releases if contracts.version_supported(v, patch.versions)]
         if not versions:
             found[patch.name] = {"-": [f"no release of {patch.distribution}{patch.versions} in the snapshot"]}
             continue

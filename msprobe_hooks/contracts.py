@@ -73,6 +73,16 @@ def applies(item: ContractItem, version: str | None) -> bool:
     return version_supported(version, item.versions)
 
 
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (from its metadata), or None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def version_supported(version: str, spec: str) -> bool:
     """Whether ``version`` satisfies the PEP 440 ``spec``; an unparsable version counts as supported.
 

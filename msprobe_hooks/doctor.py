@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
 from . import config as config_module
 from . import contracts, patching
@@ -108,9 +107,8 @@ def spawn_check(out: Callable[[str], None]) -> bool:
 
 def patch_eligibility(patch: Patch) -> str:
     """One line: would this patch apply if its target were imported in this interpreter?"""
-    try:
-        version = metadata.version(patch.distribution)
-    except metadata.PackageNotFoundError:
+    version = contracts.distribution_version(patch.distribution)
+    if version is None:
         return f"{patch.distribution} not installed"
     problem = patching.version_problem(patch, version)
     if problem:
@@ -179,9 +177,8 @@ def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
         )
 
     out("msprobe")
-    try:
-        msprobe_version = metadata.version(MSPROBE_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
+    msprobe_version = contracts.distribution_version(MSPROBE_DISTRIBUTION)
+    if msprobe_version is None:
         out(f"  ! {MSPROBE_DISTRIBUTION} is not installed: pip install 'mindstudio-probe{MSPROBE_SUPPORTED}'")
     else:
         supported = contracts.version_supported(msprobe_version, MSPROBE_SUPPORTED)

@@ -50,14 +50,10 @@ _failures_reported: set[tuple[str, str]] = set()
 
 def installed_version(patch: Patch) -> str | None:
     """The target's version from distribution metadata, else its imported top package's ``__version__``."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(patch.distribution)
-    except metadata.PackageNotFoundError:
-        top = sys.modules.get(patch.target.split(".")[0])
-        version = getattr(top, "__version__", None)
-        return str(version) if version else None
+    version = contracts.distribution_version(patch.distribution)
+    if version is None:
+        version = getattr(sys.modules.get(patch.target.split(".")[0]), "__version__", None)
+    return str(version) if version else None
 
 
 def version_problem(patch: Patch, version: str | None) -> str | None:

@@ -18,12 +18,12 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 
 from omegaconf import DictConfig, OmegaConf
 
 from . import prompts_only
 from .config import Config, read_msprobe_config
+from .contracts import distribution_version
 
 ROLLOUT_BACKENDS = ("vllm-ascend", "vllm", "sglang")
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -496,11 +496,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def installed(distribution: str) -> bool:
-    try:
-        metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    return distribution_version(distribution) is not None
 
 
 def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 
+from .contracts import distribution_version
 from .preflight import (
     ACTOR,
     ASCEND_DUMP_KEYS,
@@ -51,8 +51,8 @@ def skip_switches(verl_version: str | None) -> tuple[str, ...]:
     from packaging.version import InvalidVersion, Version
 
     try:
-        version = Version(verl_version or metadata.version("verl"))
-    except (InvalidVersion, metadata.PackageNotFoundError):
+        version = Version(verl_version or distribution_version("verl") or "")
+    except InvalidVersion:
         return SKIP_KEYS[:3]
     if version < Version("0.8"):
         return (f"{ROLLOUT}.skip_rollout",)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..bootstrap import current_config
 from ..config import Config, read_msprobe_config
+from ..contracts import distribution_version
 from ..debugger import DebuggerUnavailable, is_recording
 from ..debugger import get as get_debugger
 from ..dispatch_log import PromptHashes, ScheduledRequest, StepCounter, current_rank, open_log, step_record
@@ -41,15 +42,6 @@ EAGER_HINT = "enforce_eager=True (--enforce-eager; verl: actor_rollout_ref.rollo
 
 _states: weakref.WeakKeyDictionary[Any, RunnerState] = weakref.WeakKeyDictionary()
 _runner_class: Any = None  # the GPUModelRunner class patched
-
-
-def _distribution_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def randomizes_request_ids(vllm_version: str | None, environ: Any = os.environ) -> bool:
@@ -92,8 +84,8 @@ class RunnerState:
     def __init__(self, runner: Any, cfg: Config) -> None:
         ascend = type(runner).__module__.split(".")[0] == "vllm_ascend"
         self.engine = "vllm-ascend" if ascend else "vllm"
-        self.engine_version = _distribution_version(self.engine)
-        self.strips_suffix = randomizes_request_ids(_distribution_version("vllm"))
+        self.engine_version = distribution_version(self.engine)
+        self.strips_suffix = randomizes_request_ids(distribution_version("vllm"))
         self.prompts = PromptHashes()
         self.bases: dict[str, str] = {}  # request id -> the id the client sent
         self.counter = StepCounter()

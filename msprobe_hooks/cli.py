@@ -141,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument("--tp", type=int, default=1, help="Megatron: tensor parallel size of actor, ref and rollout")
     recipe.add_argument("--ep", type=int, default=1, help="Megatron: expert parallel size of actor, ref and rollout")
     recipe.set_defaults(func=_cmd_recipe)
+    from .analysis import align, compare
+
+    for name, module, text in (
+        ("align", align, "pair training prompt-only dumps with inference full-prefill dumps (writes pairs.jsonl)"),
+        ("compare", compare, "compare every pair module by module; report the first divergent module"),
+    ):
+        command = sub.add_parser(name, help=text, description=module.__doc__)
+        module.add_arguments(command)
+        command.set_defaults(func=module.run)
     return parser
 
 

@@ -52,11 +52,13 @@ class ScheduledRequest(NamedTuple):
 
 
 def phase(requests: Sequence[ScheduledRequest]) -> str:
-    """``prefill`` or ``decode`` when every row is one (an empty step is ``decode``), else ``mixed``."""
-    prefills = sum(1 for r in requests if r.prefill)
-    if prefills == 0:
-        return "decode"
-    return "prefill" if prefills == len(requests) else "mixed"
+    """``prefill`` when any row computes prompt tokens, else ``decode`` (an empty step too).
+
+    The published DispatchLogger's two values: scripts select ``phase == "prefill"``, so a step
+    mixing prefill and decode rows is ``prefill``. ``prefill_requests`` and each row's ``prefill``
+    say which rows are.
+    """
+    return "prefill" if any(r.prefill for r in requests) else "decode"
 
 
 def request_rows(requests: Sequence[ScheduledRequest]) -> list[dict[str, Any]]:
@@ -112,6 +114,7 @@ def step_record(
     record.update(
         total_num_scheduled_tokens=sum(r.tokens for r in requests),
         num_requests=len(requests),
+        prefill_requests=sum(1 for r in requests if r.prefill),  # 0 < it < num_requests: a mixed step
         requests=request_rows(requests),
     )
     return record

@@ -47,10 +47,22 @@ def test_prefill_and_full_prefill_per_row():
     ]
 
 
-def test_phase_of_a_step():
+def test_phase_of_a_step_is_one_of_the_published_two():
+    """Scripts for the published DispatchLogger select phase == "prefill": a mixed step must be one."""
     assert phase([request("a", 6, 0, 6), request("b", 2, 0, 10)]) == "prefill"
     assert phase([request("a", 1, 6, 6), request("b", 1, 12, 10)]) == "decode"
-    assert phase([request("a", 1, 6, 6), request("b", 7, 2, 10)]) == "mixed"
+    assert phase([request("a", 1, 6, 6), request("b", 7, 2, 10)]) == "prefill"
+    assert phase([]) == "decode"
+
+
+def test_prefill_requests_counts_the_prefill_rows():
+    def line(*rows):
+        return step_record(engine="vllm", engine_version=None, rank=0, step=0, dumped=False, requests=list(rows))
+
+    mixed = line(request("a", 1, 6, 6), request("b", 7, 2, 10), request("c", 3, 0, 3))
+    assert (mixed["phase"], mixed["prefill_requests"], mixed["num_requests"]) == ("prefill", 2, 3)
+    decode = line(request("a", 1, 6, 6))
+    assert (decode["phase"], decode["prefill_requests"]) == ("decode", 0)
 
 
 def test_record_fields_offsets_and_totals():
@@ -59,7 +71,7 @@ def test_record_fields_offsets_and_totals():
     assert list(record)[:7] == ["source", "engine", "engine_version", "timestamp", "pid", "rank", "step"]
     assert record["source"] == "dispatch_logger"
     assert (record["pid"], record["rank"], record["step"], record["dumped"]) == (os.getpid(), 3, 17, True)
-    assert (record["phase"], record["total_num_scheduled_tokens"], record["num_requests"]) == ("mixed", 11, 3)
+    assert (record["phase"], record["total_num_scheduled_tokens"], record["num_requests"]) == ("prefill", 11, 3)
     assert [(r["request_id"], r["offset"], r["tokens"]) for r in record["requests"]] == [
         ("x-0a1b2c3d", 0, 1),
         ("y-11112222", 1, 7),

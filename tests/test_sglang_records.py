@@ -36,6 +36,7 @@ RECORD_FIELDS = [
     "forward_mode",
     "total_num_scheduled_tokens",
     "num_requests",
+    "prefill_requests",
     "requests",
 ]
 REQUEST_FIELDS = [
@@ -97,7 +98,7 @@ def test_mixed_batch_rows_in_token_order():
         ("b", False, 4, 1, 4),
     ]
     assert [r["type"] for r in rows] == ["cached"] * 3
-    assert step_phase == "mixed"
+    assert step_phase == "prefill"  # the published two values: a step with any prompt tokens is a prefill
 
 
 def test_full_prefill_needs_the_whole_prompt_from_zero():

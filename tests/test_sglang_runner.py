@@ -94,7 +94,8 @@ def test_dump_all_with_chunks_mixed_batches_and_dp_attention(tmp_path):
 
     assert all(line["dumped"] and line["rank"] == 3 for line in lines)
     assert step_folders(root, pid) == {line["step"]: ["rank3"] for line in lines}
-    assert [line["phase"] for line in lines] == ["prefill", "prefill", "mixed", "mixed", "decode", "decode"]
+    assert [line["phase"] for line in lines] == ["prefill"] * 4 + ["decode"] * 2
+    assert [line["prefill_requests"] for line in lines] == [2, 1, 1, 1, 0, 0]
     # req-a (4 tokens) needs two chunks of at most 3: the second is a prefill of a request already seen.
     assert _rows(lines[0]) == [("req-a", "new", True, 3, 0, 0, False), ("req-b", "new", True, 3, 3, 0, True)]
     assert _rows(lines[1]) == [("req-a", "cached", True, 1, 0, 3, False)]

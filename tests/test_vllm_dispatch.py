@@ -13,6 +13,7 @@ import pytest
 from vllm_standin import (
     MIXED,
     MIXED_PHASES,
+    MIXED_PREFILL_REQUESTS,
     MIXED_ROWS,
     PROMPTS,
     dispatch_log,
@@ -46,6 +47,7 @@ def test_one_line_per_model_step_in_packed_order(tmp_path):
     lines = dispatch_log(tmp_path / "out" / "generate", report["pid"])
     assert [line["step"] for line in lines] == [0, 1, 2, 3, 4]
     assert [line["phase"] for line in lines] == MIXED_PHASES
+    assert [line["prefill_requests"] for line in lines] == MIXED_PREFILL_REQUESTS
     assert {(line["engine"], line["engine_version"], line["rank"], line["dumped"]) for line in lines} == {
         ("vllm", "0.23.0", 0, False)
     }

@@ -38,7 +38,9 @@ MIXED_ROWS = [
     [("C", "cached", False, 1, 0, 7, 7, False), ("B", "cached", False, 1, 1, 10, 10, False)],
     [("D", "new", True, 3, 0, 0, 3, True)],
 ]  # fmt: skip
-MIXED_PHASES = ["prefill", "mixed", "mixed", "decode", "prefill"]
+# The published two phases: a step with any prefill row is "prefill"; prefill_requests counts those rows.
+MIXED_PHASES = ["prefill", "prefill", "prefill", "decode", "prefill"]
+MIXED_PREFILL_REQUESTS = [2, 1, 2, 0, 1]
 
 
 def row_tuples(line: dict) -> list[tuple]:

@@ -3,7 +3,9 @@
 What the patches add to one ``ModelRunner.forward`` when only the dispatch log is on: the
 request identities taken in ``ForwardBatch.init_new`` (prompt hash once per request, a lookup
 after) and the row building plus one JSON line written in ``forward``. Batches are
-ForwardBatch-shaped objects, so SGLang is not needed; numbers are CPU microseconds per forward.
+ForwardBatch-shaped objects, so SGLang is not needed; numbers are CPU microseconds per forward,
+and both together per request row (the figure that scales with the batch: target <= 1 us on a
+decode step).
 
     python benchmarks/bench_sglang_dispatch_log.py
 """
@@ -64,7 +66,7 @@ def _table(root: str) -> None:
     runner = sglang_model_runner.RunnerDump(
         None, own=False, dump_all=False, rank_id=0, engine_version="0.5.2", log=JsonlLog(root, "dispatch_log.jsonl")
     )
-    print(f"{'batch':>28} {'init_new us':>12} {'forward us':>11} {'line bytes':>11}")
+    print(f"{'batch':>28} {'init_new us':>12} {'forward us':>11} {'us/row':>7} {'line bytes':>11}")
     for label, count, prompt_len, prefill in [
         ("prefill 1 x 2048 (new)", 1, 2048, True),
         ("prefill 8 x 2048 (new)", 8, 2048, True),
@@ -81,7 +83,7 @@ def _table(root: str) -> None:
             ident, log = _per_forward_us(runner, reqs, False, prompt_len, 200)
         with open(runner.log.path, "rb") as handle:
             line = handle.read().splitlines()[-1]
-        print(f"{label:>28} {ident:12.1f} {log:11.1f} {len(line):11d}")
+        print(f"{label:>28} {ident:12.1f} {log:11.1f} {(ident + log) / count:7.2f} {len(line):11d}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import debugger as debugger_module
-from .jsonl import JsonlLog
+from .jsonl import JsonlLog, encode
 from .records import prompt_hash, timestamp
 
 FILENAME = "dispatch_log.jsonl"
@@ -51,6 +51,10 @@ class ScheduledRequest(NamedTuple):
         return self.prefill and self.computed_tokens == 0 and self.tokens == self.prompt_len
 
 
+def _phase(prefill_rows: int) -> str:
+    return "prefill" if prefill_rows else "decode"
+
+
 def phase(requests: Sequence[ScheduledRequest]) -> str:
     """``prefill`` when any row computes prompt tokens, else ``decode`` (an empty step too).
 
@@ -58,33 +62,29 @@ def phase(requests: Sequence[ScheduledRequest]) -> str:
     mixing prefill and decode rows is ``prefill``. ``prefill_requests`` and each row's ``prefill``
     say which rows are.
     """
-    return "prefill" if any(r.prefill for r in requests) else "decode"
+    return _phase(sum(1 for r in requests if r.prefill))
 
 
-def request_rows(requests: Sequence[ScheduledRequest]) -> list[dict[str, Any]]:
-    """The ``requests`` field: one row per request with its token offset in the packed batch."""
-    rows = []
-    offset = 0
-    for r in requests:
-        rows.append(
-            {
-                "request_id": r.request_id,
-                "request_id_base": r.request_id_base,
-                "type": "new" if r.new else "cached",
-                "prefill": r.prefill,
-                "tokens": r.tokens,
-                "offset": offset,
-                "computed_tokens": r.computed_tokens,
-                "prompt_len": r.prompt_len,
-                "prompt_hash": r.prompt_hash,
-                "full_prefill": r.full_prefill,
-            }
-        )
-        offset += r.tokens
-    return rows
+# Every model step of the rollout writes a line, dumped or not, and most of its rows are running
+# requests whose id, prompt length and hash do not change between steps. Their JSON is encoded once
+# per request and kept here; a row then costs one string format instead of a dict and its encoding.
+_RowKey = tuple[str | None, str | None, int | None, str | None]  # request_id, base, prompt_len, prompt_hash
+_row_json: dict[_RowKey, tuple[str, str]] = {}
+# Dicts, not tuples indexed by the bool: a numpy bool (from numpy counters) must work too.
+_TYPE_JSON = {False: '"cached"', True: '"new"'}  # by ScheduledRequest.new
+_BOOL_JSON = {False: "false", True: "true"}
 
 
-def step_record(
+def _encode_row_constants(key: _RowKey) -> tuple[str, str]:
+    """The JSON of a row before its ``type`` value, and from after ``computed_tokens`` to ``full_prefill``."""
+    request_id, base, prompt_len, prompt_hash = key
+    return (
+        f'{{"request_id":{encode(request_id)},"request_id_base":{encode(base)},"type":',
+        f',"prompt_len":{encode(prompt_len)},"prompt_hash":{encode(prompt_hash)},"full_prefill":',
+    )
+
+
+def step_line(
     *,
     engine: str,
     engine_version: str | None,
@@ -93,12 +93,31 @@ def step_record(
     dumped: bool,
     requests: Sequence[ScheduledRequest],
     forward_mode: str | None = None,
-) -> dict[str, Any]:
-    """One dispatch-log line (published recipe fields first, then what alignment needs).
+) -> str:
+    """One dispatch-log line, JSON-encoded (published recipe fields first, then what alignment needs).
 
-    ``forward_mode`` is the engine's own name for the step (SGLang's ForwardMode), when it has one.
+    ``requests`` rows carry their token ``offset`` in the packed batch. ``forward_mode`` is the
+    engine's own name for the step (SGLang's ForwardMode), when it has one.
     """
-    record = {
+    if len(_row_json) > 2 * len(requests) + 4096:
+        _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
+    rows = []
+    offset = prefill_rows = 0
+    for request_id, base, new, tokens, computed, prompt_len, hashed_prompt, mode_prefill in requests:
+        key = (request_id, base, prompt_len, hashed_prompt)
+        constants = _row_json.get(key)
+        if constants is None:
+            constants = _row_json[key] = _encode_row_constants(key)
+        # ScheduledRequest.prefill and .full_prefill, inline: two property calls cost more than the row
+        prefill = mode_prefill if computed is None or prompt_len is None else computed < prompt_len
+        full_prefill = prefill and computed == 0 and tokens == prompt_len
+        rows.append(
+            f'{constants[0]}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
+            f'"computed_tokens":{"null" if computed is None else computed}{constants[1]}{_BOOL_JSON[full_prefill]}}}'
+        )
+        offset += tokens
+        prefill_rows += prefill
+    record: dict[str, Any] = {
         "source": SOURCE,
         "engine": engine,
         "engine_version": engine_version,
@@ -107,17 +126,16 @@ def step_record(
         "rank": rank,
         "step": step,
         "dumped": dumped,
-        "phase": phase(requests),
+        "phase": _phase(prefill_rows),
     }
     if forward_mode is not None:
         record["forward_mode"] = forward_mode
     record.update(
-        total_num_scheduled_tokens=sum(r.tokens for r in requests),
+        total_num_scheduled_tokens=offset,
         num_requests=len(requests),
-        prefill_requests=sum(1 for r in requests if r.prefill),  # 0 < it < num_requests: a mixed step
-        requests=request_rows(requests),
+        prefill_requests=prefill_rows,  # 0 < it < num_requests: a step mixing prefill and decode rows
     )
-    return record
+    return f'{encode(record)[:-1]},"requests":[{",".join(rows)}]}}'
 
 
 def open_log(root: str) -> JsonlLog:

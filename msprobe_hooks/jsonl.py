@@ -14,6 +14,11 @@ import threading
 from typing import Any
 
 
+def encode(record: dict[str, Any]) -> str:
+    """One record as the compact JSON every log line uses (non-ASCII kept, unknown types as ``str``)."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 class JsonlLog:
     """``{root}/{pid}/{filename}``, appended one complete line per :meth:`write`."""
 
@@ -37,7 +42,11 @@ class JsonlLog:
         return self._fd
 
     def write(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str) + "\n").encode()
+        self.write_line(encode(record))
+
+    def write_line(self, line: str) -> None:
+        """Append ``line``, one JSON record already encoded (no newline), as one whole line."""
+        data = (line + "\n").encode()
         with self._lock:
             fd = self._open()
             written = os.write(fd, data)

@@ -13,9 +13,14 @@ from msprobe_hooks.dispatch_log import (
     current_rank,
     open_log,
     phase,
-    step_record,
+    step_line,
 )
 from msprobe_hooks.records import prompt_hash
+
+
+def step_record(**fields) -> dict:
+    """A dispatch-log line as read back."""
+    return json.loads(step_line(**fields))
 
 
 def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:
@@ -45,6 +50,36 @@ def test_prefill_and_full_prefill_per_row():
         False,
         False,
     ]
+
+
+def test_rows_of_a_line_classify_as_the_scheduled_requests_do():
+    """The line computes prefill / full_prefill inline: it must agree with the ScheduledRequest properties."""
+    rows = [
+        request("a", 6, 0, 6, new=True),
+        request("b", 2, 0, 10, new=True),
+        request("b", 8, 2, 10),
+        request("c", 3, 4, 7, new=True),
+        request("a", 1, 6, 6),
+        request("d", 9, 0, 6),
+        ScheduledRequest(None, None, True, 4, 0, None, None, mode_prefill=True),  # prompt unknown: the mode says
+        ScheduledRequest("e", "e", False, 1, None, 5, None),  # computed unknown, not a prefill by mode
+    ]
+    line = step_record(engine="sglang", engine_version=None, rank=None, step=0, dumped=False, requests=rows)
+    assert [(r["type"], r["prefill"], r["full_prefill"]) for r in line["requests"]] == [
+        ("new" if q.new else "cached", q.prefill, q.full_prefill) for q in rows
+    ]
+    assert [r["computed_tokens"] for r in line["requests"]][-2:] == [0, None]
+
+
+def test_row_constants_are_not_reused_across_prompts_or_ids():
+    """A request id seen again with another prompt, and ids that need escaping, are written as they are."""
+    first = ScheduledRequest('q"1\\é', "q", False, 1, 4, 4, "h1")
+    again = ScheduledRequest('q"1\\é', "q", True, 3, 0, 3, "h2")  # same id, resubmitted with another prompt
+    for rows in ([first], [again], [first, again]):
+        line = step_record(engine="vllm", engine_version=None, rank=0, step=0, dumped=False, requests=rows)
+        assert [(r["request_id"], r["prompt_len"], r["prompt_hash"]) for r in line["requests"]] == [
+            (q.request_id, q.prompt_len, q.prompt_hash) for q in rows
+        ]
 
 
 def test_phase_of_a_step_is_one_of_the_published_two():
@@ -91,7 +126,6 @@ def test_record_fields_offsets_and_totals():
         "full_prefill": False,
     }
     assert record["requests"][0]["type"] == "cached"
-    json.dumps(record)  # a log line
 
 
 def test_log_file_is_per_process_under_the_root(tmp_path):

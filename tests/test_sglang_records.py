@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
 from types import SimpleNamespace
 
@@ -10,15 +11,20 @@ import pytest
 import torch
 
 from msprobe_hooks import patching, records
-from msprobe_hooks.dispatch_log import phase, request_rows, step_record
+from msprobe_hooks.dispatch_log import step_line
 from msprobe_hooks.patches import sglang_forward_batch, sglang_model_runner
 from msprobe_hooks.patches.sglang_forward_batch import REQUESTS_ATTR, RequestIdentity, identities
+
+
+def step_record(**fields) -> dict:
+    return json.loads(step_line(**fields))
 
 
 def batch_requests(batch):
     """(forward mode, request rows as the log writes them, the phase) of a ForwardBatch."""
     mode, scheduled = sglang_model_runner.batch_requests(batch)
-    return mode, request_rows(scheduled), phase(scheduled)
+    line = step_record(engine="sglang", engine_version="0.5.2", rank=0, step=0, dumped=False, requests=scheduled)
+    return mode, line["requests"], line["phase"]
 
 
 Mode = enum.IntEnum("ForwardMode", "EXTEND DECODE MIXED IDLE")

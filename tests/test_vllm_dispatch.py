@@ -180,6 +180,27 @@ def test_which_vllm_versions_suffix_request_ids(version, opt_out, expected):
     assert randomizes_request_ids(version, environ) is expected
 
 
+def test_a_request_id_used_again_gets_the_new_prompt_in_its_rows(tmp_path):
+    """Ids and prompt hashes are looked up once per request: a new request under an old id is looked up again."""
+    second = [9, 8, 7, 6]
+    scenario = {
+        "budget": 8,
+        "requests": [
+            {"id": "R", "prompt": PROMPTS["A"], "max_tokens": 2},
+            {"id": "R", "prompt": second, "max_tokens": 2, "at_step": 4},  # R has finished and been freed
+        ],
+    }
+    result = run_scenario(tmp_path, scenario, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION="1")  # the raw id repeats
+    assert result.returncode == 0, result.stderr
+    lines = dispatch_log(tmp_path / "out" / "generate", result.json()["pid"])
+    rows = [(r["request_id"], r["type"], r["prompt_len"], r["prompt_hash"]) for line in lines for r in line["requests"]]
+    first_hash, second_hash = prompt_hash(PROMPTS["A"]), prompt_hash(second)
+    assert rows == [("R", "new", 6, first_hash), ("R", "cached", 6, first_hash)] + [
+        ("R", "new", 4, second_hash),
+        ("R", "cached", 4, second_hash),
+    ]
+
+
 def test_model_runner_v2_is_refused_naming_the_switch(tmp_path):
     result = run_scenario(tmp_path, MIXED, VLLM_USE_V2_MODEL_RUNNER="1")
     assert result.returncode == 0, result.stderr

@@ -11,21 +11,19 @@ ForwardBatch as one attribute that only the ``sglang.model_runner`` patch reads.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import patching, records
 
 NAME = "sglang.forward_batch"
 # On ForwardBatch (all versions) and on ModelWorkerBatch (0.5.2-0.5.5): tuple[RequestIdentity, ...].
 REQUESTS_ATTR = "_msprobe_hooks_requests"
-# On Req: (prompt_len, prompt_hash), computed once per request; its presence marks the request as seen.
-_PROMPT_ATTR = "_msprobe_hooks_prompt"
+# On Req: its RequestIdentity in every batch after its first, made once; its presence marks the request as seen.
+_IDENTITY_ATTR = "_msprobe_hooks_identity"
 
 
-@dataclass(frozen=True)
-class RequestIdentity:
+class RequestIdentity(NamedTuple):
     """One request of a batch, as the dispatch log needs it."""
 
     request_id: str
@@ -37,18 +35,19 @@ class RequestIdentity:
 def identities(reqs: Iterable[Any]) -> tuple[RequestIdentity, ...]:
     """Identities of SGLang ``Req`` objects, in batch order.
 
-    The prompt hash is computed once per request and kept on the request, so decode steps of long
-    prompts cost a lookup, not a hash.
+    The identity (prompt hash included) is made once per request and kept on the request, so a
+    decode step of long prompts costs one attribute lookup per request, not a hash.
     """
     found = []
     for req in reqs:
-        prompt = getattr(req, _PROMPT_ATTR, None)
-        new = prompt is None
-        if new:
+        seen = getattr(req, _IDENTITY_ATTR, None)
+        if seen is None:
             ids = req.origin_input_ids
-            prompt = (len(ids), records.prompt_hash(ids))
-            setattr(req, _PROMPT_ATTR, prompt)
-        found.append(RequestIdentity(str(req.rid), prompt[0], prompt[1], new))
+            seen = RequestIdentity(str(req.rid), len(ids), records.prompt_hash(ids), new=False)
+            setattr(req, _IDENTITY_ATTR, seen)
+            found.append(seen._replace(new=True))
+        else:
+            found.append(seen)
     return tuple(found)
 
 

@@ -110,15 +110,12 @@ def batch_requests(forward_batch: Any) -> tuple[str, list[ScheduledRequest]]:
     else:  # decode / idle: one token per request, after seq_len - 1 cached ones
         seq_lens = forward_batch.seq_lens_cpu
         tokens = [1] * int(forward_batch.batch_size)
-        computed = [int(n) - 1 for n in seq_lens.tolist()] if seq_lens is not None else [None] * len(tokens)
+        computed = [n - 1 for n in seq_lens.tolist()] if seq_lens is not None else [None] * len(tokens)
     rows = []
     for ident, n, done in zip(_identities(forward_batch, len(tokens)), tokens, computed, strict=True):
         if isinstance(ident, RequestIdentity):
-            rows.append(
-                ScheduledRequest(
-                    ident.request_id, ident.request_id, ident.new, n, done, ident.prompt_len, ident.prompt_hash
-                )
-            )
+            request_id, prompt_len, prompt_hash, new = ident
+            rows.append(ScheduledRequest(request_id, request_id, new, n, done, prompt_len, prompt_hash))
         else:  # no prompt known: classify by mode (a MIXED batch's decode rows hold one token)
             prefill = mode_name in ("EXTEND", "SPLIT_PREFILL") or (mode_name == "MIXED" and n > 1)
             # SGLang keeps the client's id as is: the base id is the id.
@@ -141,7 +138,6 @@ _warned_unused_config = False
 class _Pending:
     step: int
     mode: str
-    phase: str
     rows: list[ScheduledRequest]
     started: bool
 
@@ -160,9 +156,8 @@ class RunnerDump:
     def begin(self, model: Any, forward_batch: Any) -> _Pending:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
-        phase = dispatch_log.phase(rows)
-        pending = _Pending(_steps.take(self.debugger), mode, phase, rows, started=False)
-        if self.own and (self.dump_all or phase != "decode"):
+        pending = _Pending(_steps.take(self.debugger), mode, rows, started=False)
+        if self.own and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.
             self.debugger.start(model=model, rank_id=self.rank_id)
             pending.started = True
@@ -180,8 +175,8 @@ class RunnerDump:
         rank = self.rank_id
         if rank is None and self.debugger is not None:
             rank = debugger.dump_rank(self.debugger)
-        self.log.write(
-            dispatch_log.step_record(
+        self.log.write_line(
+            dispatch_log.step_line(
                 engine="sglang",
                 engine_version=self.engine_version,
                 rank=rank if rank is not None else dispatch_log.current_rank(),

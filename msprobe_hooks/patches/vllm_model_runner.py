@@ -32,7 +32,7 @@ from ..config import Config, read_msprobe_config
 from ..contracts import distribution_version
 from ..debugger import DebuggerUnavailable, is_recording
 from ..debugger import get as get_debugger
-from ..dispatch_log import PromptHashes, ScheduledRequest, StepCounter, current_rank, open_log, step_record
+from ..dispatch_log import PromptHashes, ScheduledRequest, StepCounter, current_rank, open_log, step_line
 from ..log import logger
 from ..patching import TargetChanged, is_ours, report_failure, unwrap_method, wrap_method
 from ..records import strip_vllm_suffix
@@ -87,7 +87,7 @@ class RunnerState:
         self.engine_version = distribution_version(self.engine)
         self.strips_suffix = randomizes_request_ids(distribution_version("vllm"))
         self.prompts = PromptHashes()
-        self.bases: dict[str, str] = {}  # request id -> the id the client sent
+        self.known: dict[str, tuple[str, str | None]] = {}  # request id -> (the id the client sent, prompt hash)
         self.counter = StepCounter()
         self.dump_root = cfg.generate_dump_root
         self.log = open_log(self.dump_root)
@@ -143,8 +143,14 @@ class RunnerState:
         # A model step no start() covered (an early return between _update_states and start()).
         self._write(self.counter.take(), False, window.requests or [])
 
+    def identify(self, runner: Any, request_id: str) -> tuple[str, str | None]:
+        """(the id the client sent, the prompt hash) of a request the runner holds."""
+        base = strip_vllm_suffix(request_id) if self.strips_suffix else request_id
+        cached = runner.requests.get(request_id)
+        return base, self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
+
     def _write(self, step: int, dumped: bool, requests: list[ScheduledRequest]) -> None:
-        record = step_record(
+        line = step_line(
             engine=self.engine,
             engine_version=self.engine_version,
             rank=current_rank(),
@@ -152,7 +158,7 @@ class RunnerState:
             dumped=dumped,
             requests=requests,
         )
-        self.log.write(record)
+        self.log.write_line(line)
 
     # --- driving msprobe (GPU vLLM) ------------------------------------------------------------
 
@@ -212,28 +218,20 @@ def scheduled_requests(runner: Any, scheduler_output: Any, state: RunnerState) -
     prompt_lens = batch.num_prompt_tokens[:rows].tolist()
     new_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs}
     tokens = scheduler_output.num_scheduled_tokens
+    known = state.known
     requests = []
-    for row, request_id in enumerate(request_ids):
+    for request_id, done, prompt_len in zip(request_ids, computed, prompt_lens, strict=True):
         scheduled = tokens.get(request_id)
         if not scheduled:
             continue
-        base = state.bases.get(request_id)
-        if base is None:
-            base = state.bases[request_id] = strip_vllm_suffix(request_id) if state.strips_suffix else request_id
-        cached = runner.requests.get(request_id)
-        requests.append(
-            ScheduledRequest(
-                request_id,
-                base,
-                request_id in new_ids,
-                int(scheduled),
-                int(computed[row]),
-                int(prompt_lens[row]),
-                state.prompts.get(request_id, getattr(cached, "prompt_token_ids", None)),
-            )
-        )
-    if state.prompts.retain(runner.requests):
-        state.bases = {k: v for k, v in state.bases.items() if k in runner.requests}
+        new = request_id in new_ids
+        identity = known.get(request_id)
+        if identity is None or new:  # a running request keeps its id and prompt: looked up once
+            identity = known[request_id] = state.identify(runner, request_id)
+        requests.append(ScheduledRequest(request_id, identity[0], new, scheduled, done, prompt_len, identity[1]))
+    if len(known) > 2 * len(runner.requests) + 64:  # finished requests piled up
+        state.known = {k: v for k, v in known.items() if k in runner.requests}
+    state.prompts.retain(runner.requests)
     return requests
 
 

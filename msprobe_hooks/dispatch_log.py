@@ -12,10 +12,11 @@ Files are ``{generate dump_path}/{pid}/dispatch_log.jsonl``, written through
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from . import debugger as debugger_module
@@ -51,6 +52,13 @@ class ScheduledRequest(NamedTuple):
         return self.prefill and self.computed_tokens == 0 and self.tokens == self.prompt_len
 
 
+# ScheduledRequest(*fields), all eight given, without the Python-level __new__ of a NamedTuple:
+# the engines make one per row per step, and that call alone cost a third of the row's budget.
+make_scheduled_request: Callable[[tuple[Any, ...]], ScheduledRequest] = functools.partial(
+    tuple.__new__, ScheduledRequest
+)
+
+
 def _phase(prefill_rows: int) -> str:
     return "prefill" if prefill_rows else "decode"
 
@@ -69,19 +77,19 @@ def phase(requests: Sequence[ScheduledRequest]) -> str:
 # requests whose id, prompt length and hash do not change between steps. Their JSON is encoded once
 # per request and kept here; a row then costs one string format instead of a dict and its encoding.
 _RowKey = tuple[str | None, str | None, int | None, str | None]  # request_id, base, prompt_len, prompt_hash
-_row_json: dict[_RowKey, tuple[str, str]] = {}
+_row_json: dict[_RowKey, tuple[str, str, str, str]] = {}
 # Dicts, not tuples indexed by the bool: a numpy bool (from numpy counters) must work too.
 _TYPE_JSON = {False: '"cached"', True: '"new"'}  # by ScheduledRequest.new
 _BOOL_JSON = {False: "false", True: "true"}
 
 
-def _encode_row_constants(key: _RowKey) -> tuple[str, str]:
-    """The JSON of a row before its ``type`` value, and from after ``computed_tokens`` to ``full_prefill``."""
+def _encode_row_constants(key: _RowKey) -> tuple[str, str, str, str]:
+    """A row's JSON around its per-step values: before ``type`` and after ``computed_tokens``, then the
+    same for a decode row (cached, not prefill, one token), around its ``offset`` and ``computed_tokens``."""
     request_id, base, prompt_len, prompt_hash = key
-    return (
-        f'{{"request_id":{encode(request_id)},"request_id_base":{encode(base)},"type":',
-        f',"prompt_len":{encode(prompt_len)},"prompt_hash":{encode(prompt_hash)},"full_prefill":',
-    )
+    head = f'{{"request_id":{encode(request_id)},"request_id_base":{encode(base)},"type":'
+    tail = f',"prompt_len":{encode(prompt_len)},"prompt_hash":{encode(prompt_hash)},"full_prefill":'
+    return head, tail, f'{head}"cached","prefill":false,"tokens":1,"offset":', f"{tail}false}}"
 
 
 def step_line(
@@ -105,16 +113,19 @@ def step_line(
     offset = prefill_rows = 0
     for request_id, base, new, tokens, computed, prompt_len, hashed_prompt, mode_prefill in requests:
         key = (request_id, base, prompt_len, hashed_prompt)
-        constants = _row_json.get(key)
-        if constants is None:
-            constants = _row_json[key] = _encode_row_constants(key)
+        constants = _row_json.get(key) or _row_json.setdefault(key, _encode_row_constants(key))
+        head, tail, decode_head, decode_tail = constants
         # ScheduledRequest.prefill and .full_prefill, inline: two property calls cost more than the row
         prefill = mode_prefill if computed is None or prompt_len is None else computed < prompt_len
-        full_prefill = prefill and computed == 0 and tokens == prompt_len
-        rows.append(
-            f'{constants[0]}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
-            f'"computed_tokens":{"null" if computed is None else computed}{constants[1]}{_BOOL_JSON[full_prefill]}}}'
-        )
+        if tokens == 1 and not (prefill or new or computed is None):  # a running request's decode: most rows
+            rows.append(f'{decode_head}{offset},"computed_tokens":{computed}{decode_tail}')
+        else:
+            full_prefill = prefill and computed == 0 and tokens == prompt_len
+            computed_json = "null" if computed is None else computed
+            rows.append(
+                f'{head}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
+                f'"computed_tokens":{computed_json}{tail}{_BOOL_JSON[full_prefill]}}}'
+            )
         offset += tokens
         prefill_rows += prefill
     record: dict[str, Any] = {

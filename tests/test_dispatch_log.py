@@ -11,6 +11,7 @@ from msprobe_hooks.dispatch_log import (
     ScheduledRequest,
     StepCounter,
     current_rank,
+    make_scheduled_request,
     open_log,
     phase,
     step_line,
@@ -50,6 +51,15 @@ def test_prefill_and_full_prefill_per_row():
         False,
         False,
     ]
+
+
+def test_the_fast_constructor_makes_the_same_scheduled_request():
+    fields = ("r-1", "r", True, 4, 0, 4, "h", False)
+    made = make_scheduled_request(fields)
+    assert type(made) is ScheduledRequest
+    assert made == ScheduledRequest(*fields)
+    assert (made.request_id_base, made.prefill, made.full_prefill) == ("r", True, True)
+    assert len(fields) == len(ScheduledRequest._fields)  # every field given: nothing defaults on this path
 
 
 def test_rows_of_a_line_classify_as_the_scheduled_requests_do():
@@ -125,7 +135,18 @@ def test_record_fields_offsets_and_totals():
         "prompt_hash": prompt_hash(range(10)),
         "full_prefill": False,
     }
-    assert record["requests"][0]["type"] == "cached"
+    assert record["requests"][0] == {  # a decode row, written from its own template
+        "request_id": "x-0a1b2c3d",
+        "request_id_base": "x",
+        "type": "cached",
+        "prefill": False,
+        "tokens": 1,
+        "offset": 0,
+        "computed_tokens": 6,
+        "prompt_len": 6,
+        "prompt_hash": prompt_hash(range(6)),
+        "full_prefill": False,
+    }
 
 
 def test_log_file_is_per_process_under_the_root(tmp_path):

@@ -37,7 +37,7 @@ from packaging.version import Version
 from .. import config as config_module
 from .. import debugger, dispatch_log, patching
 from ..bootstrap import current_config
-from ..dispatch_log import ScheduledRequest, StepCounter
+from ..dispatch_log import ScheduledRequest, StepCounter, make_scheduled_request
 from ..jsonl import JsonlLog
 from .sglang_forward_batch import REQUESTS_ATTR, RequestIdentity
 
@@ -115,7 +115,7 @@ def batch_requests(forward_batch: Any) -> tuple[str, list[ScheduledRequest]]:
     for ident, n, done in zip(_identities(forward_batch, len(tokens)), tokens, computed, strict=True):
         if isinstance(ident, RequestIdentity):
             request_id, prompt_len, prompt_hash, new = ident
-            rows.append(ScheduledRequest(request_id, request_id, new, n, done, prompt_len, prompt_hash))
+            rows.append(make_scheduled_request((request_id, request_id, new, n, done, prompt_len, prompt_hash, False)))
         else:  # no prompt known: classify by mode (a MIXED batch's decode rows hold one token)
             prefill = mode_name in ("EXTEND", "SPLIT_PREFILL") or (mode_name == "MIXED" and n > 1)
             # SGLang keeps the client's id as is: the base id is the id.

@@ -32,7 +32,15 @@ from ..config import Config, read_msprobe_config
 from ..contracts import distribution_version
 from ..debugger import DebuggerUnavailable, is_recording
 from ..debugger import get as get_debugger
-from ..dispatch_log import PromptHashes, ScheduledRequest, StepCounter, current_rank, open_log, step_line
+from ..dispatch_log import (
+    PromptHashes,
+    ScheduledRequest,
+    StepCounter,
+    current_rank,
+    make_scheduled_request,
+    open_log,
+    step_line,
+)
 from ..log import logger
 from ..patching import TargetChanged, is_ours, report_failure, unwrap_method, wrap_method
 from ..records import strip_vllm_suffix
@@ -228,7 +236,10 @@ def scheduled_requests(runner: Any, scheduler_output: Any, state: RunnerState) -
         identity = known.get(request_id)
         if identity is None or new:  # a running request keeps its id and prompt: looked up once
             identity = known[request_id] = state.identify(runner, request_id)
-        requests.append(ScheduledRequest(request_id, identity[0], new, scheduled, done, prompt_len, identity[1]))
+        base, prompt_hash = identity
+        requests.append(
+            make_scheduled_request((request_id, base, new, scheduled, done, prompt_len, prompt_hash, False))
+        )
     if len(known) > 2 * len(runner.requests) + 64:  # finished requests piled up
         state.known = {k: v for k, v in known.items() if k in runner.requests}
     state.prompts.retain(runner.requests)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from msprobe_hooks import dispatch_log
 from msprobe_hooks.dispatch_log import (
     FILENAME,
     PromptHashes,
@@ -62,23 +63,51 @@ def test_the_fast_constructor_makes_the_same_scheduled_request():
     assert len(fields) == len(ScheduledRequest._fields)  # every field given: nothing defaults on this path
 
 
-def test_rows_of_a_line_classify_as_the_scheduled_requests_do():
-    """The line computes prefill / full_prefill inline: it must agree with the ScheduledRequest properties."""
+def test_rows_of_a_line_are_the_scheduled_requests_with_their_offsets():
+    """Rows are encoded from cached pieces, prefill / full_prefill inline: each must read back as the
+    ScheduledRequest it came from, decode rows (their own template) and every other kind alike."""
     rows = [
         request("a", 6, 0, 6, new=True),
         request("b", 2, 0, 10, new=True),
         request("b", 8, 2, 10),
         request("c", 3, 4, 7, new=True),
-        request("a", 1, 6, 6),
+        request("a", 1, 6, 6),  # a decode row
+        request("a", 1, 6, 6, new=True),  # one token, yet new (a resumed request): not the decode template
         request("d", 9, 0, 6),
+        request("f", 1, 0, 1, new=True),  # a one-token prompt: a full prefill of one token
         ScheduledRequest(None, None, True, 4, 0, None, None, mode_prefill=True),  # prompt unknown: the mode says
-        ScheduledRequest("e", "e", False, 1, None, 5, None),  # computed unknown, not a prefill by mode
+        ScheduledRequest("e", "e", False, 1, None, 5, None),  # computed unknown
+        ScheduledRequest("é", "é", False, 2, 7, 5, "h"),  # two tokens of output (speculative decoding)
     ]
-    line = step_record(engine="sglang", engine_version=None, rank=None, step=0, dumped=False, requests=rows)
-    assert [(r["type"], r["prefill"], r["full_prefill"]) for r in line["requests"]] == [
-        ("new" if q.new else "cached", q.prefill, q.full_prefill) for q in rows
+    offsets = [sum(r.tokens for r in rows[:i]) for i in range(len(rows))]
+    expected = [
+        {
+            "request_id": r.request_id,
+            "request_id_base": r.request_id_base,
+            "type": "new" if r.new else "cached",
+            "prefill": r.prefill,
+            "tokens": r.tokens,
+            "offset": offset,
+            "computed_tokens": r.computed_tokens,
+            "prompt_len": r.prompt_len,
+            "prompt_hash": r.prompt_hash,
+            "full_prefill": r.full_prefill,
+        }
+        for r, offset in zip(rows, offsets, strict=True)
     ]
-    assert [r["computed_tokens"] for r in line["requests"]][-2:] == [0, None]
+    for _ in range(2):  # the second time from the cached pieces
+        line = step_record(engine="sglang", engine_version=None, rank=None, step=0, dumped=False, requests=rows)
+        assert line["requests"] == expected
+        assert [list(row) for row in line["requests"]] == [list(row) for row in expected]  # the field order too
+    assert (line["total_num_scheduled_tokens"], line["prefill_requests"]) == (sum(r.tokens for r in rows), 7)
+
+
+def test_cached_row_pieces_are_bounded():
+    for i in range(5000):  # 5000 requests come and go, one step each
+        step_line(
+            engine="vllm", engine_version=None, rank=0, step=i, dumped=False, requests=[request(f"r{i}", 1, 3, 3)]
+        )
+    assert len(dispatch_log._row_json) <= 4096 + 3
 
 
 def test_row_constants_are_not_reused_across_prompts_or_ids():

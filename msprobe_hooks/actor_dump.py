@@ -172,6 +172,25 @@ def is_trimmed(micro_batch: Any) -> bool:
     return responses.shape[-1] == 0
 
 
+def _sample_field(micro_batch: Any, key: str, count: int) -> list[Any]:
+    """A per-sample field, from the top level or else from the sample's ``extra_fields`` dict.
+
+    verl's v1 (TransferQueue) records keep ``extra_fields`` as one dict per sample, where the
+    published recipe stamps ``request_id``; the top-level copy exists only where our promotion ran
+    (not with a custom agent loop, nor where that patch stepped aside).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    values = _per_sample(tu.get(micro_batch, key), count)
+    if all(value is not None for value in values):
+        return values
+    extras = _per_sample(tu.get(micro_batch, "extra_fields"), count)
+    return [
+        extra.get(key) if value is None and isinstance(extra, dict) else value
+        for value, extra in zip(values, extras, strict=True)
+    ]
+
+
 def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     """One :class:`SampleInfo` per sample of a verl micro-batch (jagged ``input_ids``)."""
     from verl.utils import tensordict_utils as tu
@@ -181,8 +200,8 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     lengths = prompt_lengths(micro_batch)
     uids = _per_sample(tu.get(micro_batch, "uid"), count)
     sessions = _per_sample(tu.get(micro_batch, "session_id"), count)
-    firsts = _per_sample(tu.get(micro_batch, REQUEST_ID), count)
-    every = _per_sample(tu.get(micro_batch, ALL_REQUEST_IDS), count)
+    firsts = _sample_field(micro_batch, REQUEST_ID, count)
+    every = _sample_field(micro_batch, ALL_REQUEST_IDS, count)
     return [
         SampleInfo(
             index=i,

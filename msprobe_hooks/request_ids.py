@@ -17,7 +17,8 @@ trajectory, which stamps the trajectory's output with
 
 From ``extra_fields`` verl copies both into ``DataProto.non_tensor_batch`` (v0 trainer); for the
 v1 trainer they are also written as top-level TransferQueue fields. Either way the engine reads
-them per sample from the micro-batch with ``tu.get(micro_batch, "request_id")``.
+them per sample from the micro-batch with ``tu.get(micro_batch, "request_id")``, falling back to
+each sample's own ``extra_fields`` dict (v1) where the top-level field is missing.
 """
 
 from __future__ import annotations

@@ -131,6 +131,13 @@ VARIABLES: tuple[Variable, ...] = (
 )
 
 KNOWN_NAMES = frozenset(v.name for v in VARIABLES)
+# Outside MSPROBE_HOOKS_* (where every unknown name is ours, so reported) a name is reported only
+# as a near-miss of one of ours, looked for among the names with these prefixes.
+TYPO_PREFIXES = ("DUMP", "PROMPT", "MSPROBE")
+NEAR_MISS_DISTANCE = 2  # DUMP_PAHSE, MSPROBE_ACTOR_CONFG, PROMPTS_ONYL: one or two edits away
+# Other tools' variables in those prefixes, never typos of ours: msprobe reads MSPROBE_LOG_LEVEL
+# (msprobe/core/common/log.py).
+FOREIGN_NAMES = frozenset({"MSPROBE_LOG_LEVEL"})
 
 
 class Config(NamedTuple):
@@ -331,7 +338,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         log_level=str(parse(PREFIX + "LOG_LEVEL", _parse_log_level, "INFO")),
         preflight=str(parse(PREFIX + "PREFLIGHT", _parse_preflight, "error")),
         extra_patches=parse(PREFIX + "EXTRA_PATCHES", _parse_extra_patches, ()),  # type: ignore[arg-type]
-        unknown_names=tuple(sorted(n for n in env if n.startswith(PREFIX) and n not in KNOWN_NAMES)),
+        unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))),
     )
     if problems:
         raise ConfigError(problems)
@@ -361,12 +368,40 @@ def pinned_environment(config: Config, environ: Mapping[str, str] | None = None)
     return {name: value for name, value in pinned.items() if env.get(name) != value}
 
 
+def _edit_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) that turn ``a`` into ``b``."""
+    before: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
+    return previous[-1]
+
+
+def _near_miss(name: str) -> str:
+    """The name of ours that ``name`` is a typo of (at most NEAR_MISS_DISTANCE edits away), or ''."""
+    distances = [(_edit_distance(name, known), known) for known in sorted(KNOWN_NAMES)]
+    distance, known = min(distances)
+    return known if distance <= NEAR_MISS_DISTANCE else ""
+
+
+def _reported_unknown(name: str) -> bool:
+    if name in KNOWN_NAMES or name in FOREIGN_NAMES:
+        return False
+    return name.startswith(PREFIX) or (name.startswith(TYPO_PREFIXES) and bool(_near_miss(name)))
+
+
 def suggest(name: str) -> str:
-    """A close known name for an unknown MSPROBE_HOOKS_* variable, or ''."""
+    """The known name an unknown variable is probably a typo of, or ''."""
     import difflib
 
     matches = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1)
-    return matches[0] if matches else ""
+    return _near_miss(name) or (matches[0] if matches else "")
 
 
 def reference_table() -> str:

@@ -7,6 +7,8 @@ import sys
 import pytest
 from conftest import FIXTURES, run_python, shim_env
 
+from msprobe_hooks import config as config_module
+
 REPORT = """
 import json, os, sys
 print(json.dumps({
@@ -161,6 +163,26 @@ def test_unknown_msprobe_hooks_variables_are_reported_once_with_a_suggestion():
     warnings = [line for line in result.stderr.splitlines() if "MSPROBE_HOOKS_STRIKT" in line]
     assert len(warnings) == 1
     assert "did you mean MSPROBE_HOOKS_STRICT?" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("DUMP_PAHSE", "DUMP_PHASE"), ("MSPROBE_ACTOR_CONFG", "MSPROBE_ACTOR_CONFIG"), ("PROMPT_ONLY", "PROMPTS_ONLY")],
+)
+def test_near_misses_of_our_other_variables_get_the_same_suggestion(typo, meant):
+    code = "import msprobe_hooks; msprobe_hooks.activate(); print('ok')"
+    result = run_python(code, shim_env(DUMP_ON="1", **{typo: "all"}))
+    assert result.returncode == 0
+    warnings = [line for line in result.stderr.splitlines() if typo in line]
+    assert len(warnings) == 1
+    assert f"unknown variable {typo} ignored (did you mean {meant}?)" in warnings[0]
+
+
+def test_other_tools_variables_in_our_prefixes_are_not_reported():
+    # msprobe's own MSPROBE_LOG_LEVEL is six edits from MSPROBE_HOOKS_LOG_LEVEL;
+    # the others are far from every name of ours.
+    environ = {"MSPROBE_LOG_LEVEL": "INFO", "DUMP_PATH": "/x", "MSPROBE_DUMP_DIR": "/y", "PROMPT_TEMPLATE": "z"}
+    assert config_module.load(environ).unknown_names == ()
 
 
 def test_relative_paths_are_pinned_for_every_later_process(tmp_path):

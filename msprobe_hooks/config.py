@@ -101,7 +101,8 @@ VARIABLES: tuple[Variable, ...] = (
         PREFIX + "STRICT",
         "0",
         BOOL_VALUES,
-        "Raise instead of logging and stepping aside when a patch cannot be applied (CI, development).",
+        "Raise instead of logging and stepping aside when a patch cannot be applied, or when our own work "
+        "inside a patched call fails (CI, development).",
     ),
     Variable(
         PREFIX + "DISABLE",

@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   install into .venv, then run the built-in CPU demo with the hooks on (real verl engine, real dumps)
 #   make test   install into .venv, then lint and run the whole test suite (what .ci/run calls)
+#   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,13 @@ BIN := $(VENV)/bin
 # CPU torch, pinned: it installs from local disk; an unpinned torch would pull GBs of CUDA wheels.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test bench docs clean
+# verl's own CPU tests, run by tests/test_verl_own_tests.py under DUMP_ON=1; never committed.
+VERL_SDIST := build/verl-sdist
+VERL_TESTS := build/verl-tests
+# Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
+PYTEST_ASYNCIO := pytest-asyncio==1.5.0
+
+.PHONY: install demo test bench docs clean verl-tests
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +25,20 @@ $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 
 install: $(BIN)/msprobe-hooks
 
+$(VERL_TESTS)/pytest.ini: | $(BIN)/msprobe-hooks
+	$(BIN)/pip download -q --no-deps --no-binary :all: verl==0.9.1 -d $(VERL_SDIST)
+	rm -rf $(VERL_TESTS) && mkdir -p $(VERL_TESTS)
+	tar xzf $(VERL_SDIST)/verl-0.9.1.tar.gz -C $(VERL_TESTS) --strip-components=1 verl-0.9.1/tests
+	$(BIN)/pip install -q --no-deps --target $(VERL_TESTS)/site $(PYTEST_ASYNCIO)
+	printf '[pytest]\n' > $@  # their own rootdir: not this project's pytest options
+
+verl-tests: $(VERL_TESTS)/pytest.ini
+
 demo: install
 	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
 		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
 
-test: install
+test: install verl-tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

@@ -37,7 +37,7 @@ LOG_SOURCE = "update_actor"  # the published recipe's value
 PADDING_UID_PREFIX = "pad"  # verl's trainer/ppo/padding_utils.py names its filler samples "pad<hex>"
 
 
-class DumpRefused(RuntimeError):
+class DumpRefused(patching.Refusal):
     """The run asks for a dump this setup cannot produce correctly; raised before any work is done."""
 
 
@@ -172,6 +172,25 @@ def is_trimmed(micro_batch: Any) -> bool:
     return responses.shape[-1] == 0
 
 
+def _sample_field(micro_batch: Any, key: str, count: int) -> list[Any]:
+    """A per-sample field, from the top level or else from the sample's ``extra_fields`` dict.
+
+    verl's v1 (TransferQueue) records keep ``extra_fields`` as one dict per sample, where the
+    published recipe stamps ``request_id``; the top-level copy exists only where our promotion ran
+    (not with a custom agent loop, nor where that patch stepped aside).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    values = _per_sample(tu.get(micro_batch, key), count)
+    if all(value is not None for value in values):
+        return values
+    extras = _per_sample(tu.get(micro_batch, "extra_fields"), count)
+    return [
+        extra.get(key) if value is None and isinstance(extra, dict) else value
+        for value, extra in zip(values, extras, strict=True)
+    ]
+
+
 def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     """One :class:`SampleInfo` per sample of a verl micro-batch (jagged ``input_ids``)."""
     from verl.utils import tensordict_utils as tu
@@ -181,8 +200,8 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     lengths = prompt_lengths(micro_batch)
     uids = _per_sample(tu.get(micro_batch, "uid"), count)
     sessions = _per_sample(tu.get(micro_batch, "session_id"), count)
-    firsts = _per_sample(tu.get(micro_batch, REQUEST_ID), count)
-    every = _per_sample(tu.get(micro_batch, ALL_REQUEST_IDS), count)
+    firsts = _sample_field(micro_batch, REQUEST_ID, count)
+    every = _sample_field(micro_batch, ALL_REQUEST_IDS, count)
     return [
         SampleInfo(
             index=i,
@@ -287,23 +306,26 @@ class ActorDumper:
         self,
         patch: str,
         wrapped: Callable[..., Any],
-        engine: object,
+        instance: Any,
         args: tuple,
         kwargs: dict,
-        dumpable: bool,
-        refuse: Callable[[str, Any], None] | None = None,
+        dumpable: Callable[[Any], bool],
+        refuse: Callable[[Any, str, Any], None] | None = None,
     ) -> Any:
         """Run one ``forward_backward_batch(data, loss_function, forward_only=False)`` call as a pass.
 
-        ``refuse(phase, data)``, called only when the pass is due, raises :class:`DumpRefused` for
-        setups the engine patch cannot dump correctly, before any work is done.
+        ``dumpable(engine)`` says whether the engine is one whose passes are dumped (an actor).
+        ``refuse(engine, phase, data)``, called only when the pass is due, raises :class:`DumpRefused`
+        for setups the engine patch cannot dump correctly, before any work is done. Any other
+        failure of the decision is reported and the call runs unchanged, undumped.
         """
-        forward_only = kwargs["forward_only"] if "forward_only" in kwargs else (len(args) > 2 and args[2])
-        phase = "log_prob" if forward_only else "update_actor"
-        cfg = bootstrap.current_config()
-        due = bool(dumpable and cfg is not None and cfg.phase_selected(phase))
-        if due and refuse is not None:
-            refuse(phase, kwargs["data"] if "data" in kwargs else args[0])
+        engine, method_args = patching.bound(instance, args)
+        decided = patching.guarded(
+            patch, "deciding whether the pass is dumped", self._decide, engine, method_args, kwargs, dumpable, refuse
+        )
+        if decided is None:
+            return wrapped(*args, **kwargs)
+        phase, due = decided
         this = Pass(engine, patch, phase, due)
         outer, self.current = self.current, this
         try:
@@ -320,6 +342,23 @@ class ActorDumper:
                         type(engine).__qualname__,
                     )
 
+    @staticmethod
+    def _decide(
+        engine: Any,
+        args: tuple,
+        kwargs: dict,
+        dumpable: Callable[[Any], bool],
+        refuse: Callable[[Any, str, Any], None] | None,
+    ) -> tuple[str, bool]:
+        """The pass's phase and whether it is due."""
+        forward_only = kwargs["forward_only"] if "forward_only" in kwargs else (len(args) > 2 and args[2])
+        phase = "log_prob" if forward_only else "update_actor"
+        cfg = bootstrap.current_config()
+        due = bool(cfg is not None and cfg.phase_selected(phase) and dumpable(engine))
+        if due and refuse is not None:
+            refuse(engine, phase, kwargs["data"] if "data" in kwargs else args[0])
+        return phase, due
+
     def begin_micro_batch(self, engine: object) -> Pass | None:
         """The due pass of ``engine`` with its micro-batch counter advanced, or None (not dumped)."""
         current = self.current
@@ -335,8 +374,14 @@ class ActorDumper:
         """``start(model)``: one msprobe step of ``current``'s micro-batch begins.
 
         ``dump`` says what it holds ("micro_batch" or "prompt"); its samples are either ``known``
-        (``samples``, ``global_step``) or read from ``micro_batch`` when the step closes.
+        (``samples``, ``global_step``) or read from ``micro_batch`` when the step closes. When msprobe
+        (or our bookkeeping) fails, one line says so and no step opens: the forward runs undumped.
         """
+        patching.guarded(
+            current.patch, "starting an msprobe step", self._open, model, current, dump, micro_batch, known
+        )
+
+    def _open(self, model: Any, current: Pass, dump: str, micro_batch: Any, known: dict[str, Any]) -> None:
         debugger = self.debugger()
         self.close()
         step = debugger_module.next_step(debugger)
@@ -355,7 +400,10 @@ class ActorDumper:
         return self._window is not None
 
     def close(self) -> None:
-        """``stop()`` and ``step()``, then the log line if msprobe recorded this step. Never raises."""
+        """``stop()`` and ``step()``, then the log line if msprobe recorded this step.
+
+        Never raises (but under ``MSPROBE_HOOKS_STRICT=1``).
+        """
         window, self._window = self._window, None
         if window is None:
             return
@@ -372,7 +420,9 @@ class ActorDumper:
         """A micro-batch's forward returned ``result`` (``(loss, ...)``): close its window now in a
         log-prob pass, or once its backward has run in an update."""
         loss = result[0] if isinstance(result, tuple) and result else None
-        if phase == "log_prob" or not self.close_after_backward(loss):
+        window = self._window
+        waits = window is not None and phase != "log_prob"
+        if not (waits and patching.guarded(window.patch, "waiting for the backward", self.close_after_backward, loss)):
             self.close()
 
     def close_after_backward(self, loss: Any) -> bool:

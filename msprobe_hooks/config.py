@@ -27,6 +27,7 @@ PROMPTS_ONLY_MODES = ("off", "forward", "trim")
 GENERATE_FORWARDS = ("prefill", "all")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PREFLIGHT_MODES = ("warn", "error")
+DUMP_DIR_ACCEPTED = "a directory path this process can create or write into"
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
 # stops the job at start-up instead of at the first dump, an hour in.
@@ -71,7 +72,8 @@ VARIABLES: tuple[Variable, ...] = (
         "built-in (statistics, level mix)",
         "path to an msprobe config.json",
         "Training-side msprobe config. Its dump_path (default $MSPROBE_HOOKS_OUTPUT_DIR/actor; relative "
-        "paths are taken from the config file's folder) is the training dump root.",
+        "paths are taken from the config file's folder) is the training dump root, checked as "
+        "MSPROBE_HOOKS_OUTPUT_DIR is.",
     ),
     Variable(
         "MSPROBE_GENERATE_CONFIG",
@@ -91,14 +93,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         PREFIX + "OUTPUT_DIR",
         "./msprobe_dump, made absolute in the first process",
-        "a directory path",
-        "Root of the default dump folders and logs.",
+        DUMP_DIR_ACCEPTED,
+        "Root of the default dump folders and logs. Checked at start-up on its nearest existing folder "
+        "(nothing is created): a read-only mount, /proc or a file in the way stops the process.",
     ),
     Variable(
         PREFIX + "STRICT",
         "0",
         BOOL_VALUES,
-        "Raise instead of logging and stepping aside when a patch cannot be applied (CI, development).",
+        "Raise instead of logging and stepping aside when a patch cannot be applied, or when our own work "
+        "inside a patched call fails (CI, development).",
     ),
     Variable(
         PREFIX + "DISABLE",
@@ -131,6 +135,13 @@ VARIABLES: tuple[Variable, ...] = (
 )
 
 KNOWN_NAMES = frozenset(v.name for v in VARIABLES)
+# Outside MSPROBE_HOOKS_* (where every unknown name is ours, so reported) a name is reported only
+# as a near-miss of one of ours, looked for among the names with these prefixes.
+TYPO_PREFIXES = ("DUMP", "PROMPT", "MSPROBE")
+NEAR_MISS_DISTANCE = 2  # DUMP_PAHSE, MSPROBE_ACTOR_CONFG, PROMPTS_ONYL: one or two edits away
+# Other tools' variables in those prefixes, never typos of ours: msprobe reads MSPROBE_LOG_LEVEL
+# (msprobe/core/common/log.py).
+FOREIGN_NAMES = frozenset({"MSPROBE_LOG_LEVEL"})
 
 
 class Config(NamedTuple):
@@ -241,6 +252,34 @@ def _absolute(path: str, base: str) -> str:
     return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
 
 
+def unwritable(path: str) -> str:
+    """Why the directory ``path`` cannot be created or written into, or ''.
+
+    Checked on its nearest existing ancestor, creating nothing: the first dump would otherwise
+    fail an hour into the job. access() passes root everywhere but on read-only mounts, so a
+    filesystem that holds no files at all (proc, sysfs) is refused too.
+    """
+    ancestor = path
+    while not os.path.lexists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"{ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable"
+    stats = os.statvfs(ancestor)
+    if stats.f_blocks == 0 and stats.f_files == 0:
+        return f"{ancestor} is on a filesystem that holds no files, as proc and sysfs"
+    return ""
+
+
+def _output_dir(raw: str, cwd: str) -> str:
+    path = _absolute(raw, cwd)
+    why = unwritable(path)
+    if why:
+        raise ValueError(_bad(PREFIX + "OUTPUT_DIR", raw, DUMP_DIR_ACCEPTED, why))
+    return path
+
+
 def _check_step_list(value: object) -> bool:
     if not isinstance(value, list):
         return False
@@ -286,6 +325,9 @@ def read_msprobe_config(name: str, path: str) -> dict:
     if dump_path:
         # One folder for every process of the job, whatever each one's working directory.
         data["dump_path"] = _absolute(dump_path, os.path.dirname(path))
+        why = unwritable(data["dump_path"])
+        if why:
+            raise ValueError(_bad(name, path, f"dump_path {DUMP_DIR_ACCEPTED}", f"dump_path={dump_path!r}: {why}"))
     return data
 
 
@@ -318,6 +360,11 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
 
     enabled = parse("DUMP_ON", lambda raw: parse_bool("DUMP_ON", raw), False)
     output_raw = env.get(PREFIX + "OUTPUT_DIR", "").strip() or "msprobe_dump"
+    try:  # the default is checked too: it is pinned, and so checked, in every later process anyway
+        output_dir = _output_dir(output_raw, cwd)
+    except ValueError as exc:
+        problems.append(str(exc))
+        output_dir = _absolute(output_raw, cwd)
     config = Config(
         enabled=bool(enabled),
         dump_phase=str(parse("DUMP_PHASE", _parse_phase, "log_prob")),
@@ -325,13 +372,13 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         actor_config=config_path("MSPROBE_ACTOR_CONFIG"),
         generate_config=config_path("MSPROBE_GENERATE_CONFIG"),
         generate_forwards=str(parse(PREFIX + "GENERATE_FORWARDS", _parse_generate_forwards, "prefill")),
-        output_dir=_absolute(output_raw, cwd),
+        output_dir=output_dir,
         strict=bool(parse(PREFIX + "STRICT", lambda raw: parse_bool(PREFIX + "STRICT", raw), False)),
         disabled=frozenset(parse(PREFIX + "DISABLE", _parse_names, ())),  # type: ignore[arg-type]
         log_level=str(parse(PREFIX + "LOG_LEVEL", _parse_log_level, "INFO")),
         preflight=str(parse(PREFIX + "PREFLIGHT", _parse_preflight, "error")),
         extra_patches=parse(PREFIX + "EXTRA_PATCHES", _parse_extra_patches, ()),  # type: ignore[arg-type]
-        unknown_names=tuple(sorted(n for n in env if n.startswith(PREFIX) and n not in KNOWN_NAMES)),
+        unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))),
     )
     if problems:
         raise ConfigError(problems)
@@ -361,12 +408,40 @@ def pinned_environment(config: Config, environ: Mapping[str, str] | None = None)
     return {name: value for name, value in pinned.items() if env.get(name) != value}
 
 
+def _edit_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap two neighbours) that turn ``a`` into ``b``."""
+    before: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
+    return previous[-1]
+
+
+def _near_miss(name: str) -> str:
+    """The name of ours that ``name`` is a typo of (at most NEAR_MISS_DISTANCE edits away), or ''."""
+    distances = [(_edit_distance(name, known), known) for known in sorted(KNOWN_NAMES)]
+    distance, known = min(distances)
+    return known if distance <= NEAR_MISS_DISTANCE else ""
+
+
+def _reported_unknown(name: str) -> bool:
+    if name in KNOWN_NAMES or name in FOREIGN_NAMES:
+        return False
+    return name.startswith(PREFIX) or (name.startswith(TYPO_PREFIXES) and bool(_near_miss(name)))
+
+
 def suggest(name: str) -> str:
-    """A close known name for an unknown MSPROBE_HOOKS_* variable, or ''."""
+    """The known name an unknown variable is probably a typo of, or ''."""
     import difflib
 
     matches = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1)
-    return matches[0] if matches else ""
+    return _near_miss(name) or (matches[0] if matches else "")
 
 
 def reference_table() -> str:

@@ -14,12 +14,14 @@ import sys
 import threading
 from typing import Any
 
+from .patching import Refusal
+
 MSPROBE_DISTRIBUTION = "mindstudio-probe"
 MSPROBE_SUPPORTED = ">=26.2,<26.3"
 DEFAULT_ACTOR_CONFIG = os.path.join(os.path.dirname(__file__), "data", "default_actor_config.json")
 
 
-class DebuggerUnavailable(RuntimeError):
+class DebuggerUnavailable(Refusal):
     """msprobe cannot be imported, or the process's debugger was made for something else."""
 
 

@@ -33,6 +33,14 @@ class TargetChanged(Exception):
     """The target no longer looks like what the patch was written for; the patch steps aside."""
 
 
+class Refusal(RuntimeError):
+    """A setup that cannot be dumped correctly, refused by decision with one line naming what to change.
+
+    The only exception of ours meant to reach the host (each case is documented); :func:`guarded`
+    lets it through, every other failure of ours inside a wrapper it reports and contains.
+    """
+
+
 class PatchStatus(NamedTuple):
     name: str
     state: str
@@ -140,6 +148,7 @@ def report_failure(patch_name: str, what: str, exc: BaseException) -> None:
     """Our own work inside a wrapper failed: one warning per patch and place, later ones at debug level.
 
     The caller goes on with the wrapped call unchanged; a failing hook must not flood the host's log.
+    Under ``MSPROBE_HOOKS_STRICT=1`` ``exc`` is raised instead, after its line (CI, development).
     """
     import logging
 
@@ -157,6 +166,33 @@ def report_failure(patch_name: str, what: str, exc: BaseException) -> None:
         exc,
         exc_info=log.isEnabledFor(logging.DEBUG),
     )
+    if _strict:
+        raise exc
+
+
+def guarded(patch_name: str, what: str, work: Callable[..., Any], *args: Any, default: Any = None) -> Any:
+    """``work(*args)``, our own work inside a wrapper: a failure is reported (:func:`report_failure`)
+    and the caller gets ``default`` and goes on with the wrapped call unchanged; a :class:`Refusal`
+    passes, as decided."""
+    try:
+        return work(*args)
+    except Refusal:
+        raise
+    except Exception as exc:
+        report_failure(patch_name, what, exc)
+        return default
+
+
+def bound(instance: Any, args: tuple) -> tuple[Any, tuple]:
+    """A wrapped method's ``self`` and its other arguments.
+
+    wrapt binds no instance when the method is called through its class with ``self`` passed
+    explicitly (``Engine.method(engine, data)``, as tests with a stand-in ``self`` do): ``self``
+    is then ``args[0]``. The wrapped call itself still takes ``args`` as they came.
+    """
+    if instance is None and args:
+        return args[0], args[1:]
+    return instance, args
 
 
 def is_ours(obj: Any, patch_name: str) -> bool:

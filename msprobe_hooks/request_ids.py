@@ -17,40 +17,34 @@ trajectory, which stamps the trajectory's output with
 
 From ``extra_fields`` verl copies both into ``DataProto.non_tensor_batch`` (v0 trainer); for the
 v1 trainer they are also written as top-level TransferQueue fields. Either way the engine reads
-them per sample from the micro-batch with ``tu.get(micro_batch, "request_id")``.
+them per sample from the micro-batch with ``tu.get(micro_batch, "request_id")``, falling back to
+each sample's own ``extra_fields`` dict (v1) where the top-level field is missing.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-log = logging.getLogger("msprobe_hooks")
+from . import patching
 
 REQUEST_ID = "request_id"
 ALL_REQUEST_IDS = "inference_request_ids"
 
 _F = TypeVar("_F", bound=Callable[..., None])
-_failed: set[str] = set()  # bookkeeping functions that have failed once (reported once each)
 
 _scopes: ContextVar[tuple[list[str], ...]] = ContextVar("msprobe_hooks_request_id_scopes", default=())
 
 
 def _never_raises(func: _F) -> _F:
-    """Bookkeeping around a rollout call: a failure is logged, never passed on to verl."""
+    """Bookkeeping around a rollout call: a failure is reported (patching.guarded), never passed on to verl."""
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> None:
-        try:
-            func(*args, **kwargs)
-        except Exception as exc:
-            if func.__name__ not in _failed:
-                _failed.add(func.__name__)
-                log.warning("request ids: %s failed: %s: %s", func.__name__, type(exc).__name__, exc)
+        patching.guarded("request ids", func.__name__, functools.partial(func, *args, **kwargs))
 
     return guarded  # type: ignore[return-value]
 

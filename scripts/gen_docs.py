@@ -34,7 +34,9 @@ def env_reference() -> str:
         + "# Environment variables\n\n"
         + "Every variable msprobe-hooks reads, owned by `msprobe_hooks/config.py`. A bad value stops every "
         + "process at start-up (exit status 2) with one line naming the variable, the value and what is "
-        + "accepted. Unknown `MSPROBE_HOOKS_*` names are reported once per process, with a suggestion.\n\n"
+        + "accepted. Unknown `MSPROBE_HOOKS_*` names, and `DUMP_*` / `PROMPTS_*` / `MSPROBE_*` names one or two "
+        + "edits away from one of ours (`DUMP_PAHSE`), are reported once per process, with a suggestion; "
+        + "other tools' names there (msprobe's `MSPROBE_LOG_LEVEL`) never are.\n\n"
         + config.reference_table()
         + "\n"
     )

@@ -7,6 +7,8 @@ import sys
 import pytest
 from conftest import FIXTURES, run_python, shim_env
 
+from msprobe_hooks import config as config_module
+
 REPORT = """
 import json, os, sys
 print(json.dumps({
@@ -91,6 +93,10 @@ BAD_VALUES = [
     ("MSPROBE_ACTOR_CONFIG", "/does/not/exist.json", "(no such file)"),
     ("MSPROBE_GENERATE_CONFIG", "/does/not/exist.json", "(no such file)"),
     ("MSPROBE_HOOKS_STRICT", "sure", "accepted: 1/0"),
+    # /proc: not writable even for root, whom access() lets through everywhere but on read-only mounts
+    ("MSPROBE_HOOKS_OUTPUT_DIR", "/proc/x", "(/proc is on a filesystem that holds no files"),
+    ("MSPROBE_HOOKS_OUTPUT_DIR", "/proc/self/x", "(/proc/self is not writable)"),
+    ("MSPROBE_HOOKS_OUTPUT_DIR", "/dev/null/x", "(/dev/null is not a directory)"),
     ("MSPROBE_HOOKS_DISABLE", "verl.nope", "(unknown verl.nope)"),
     ("MSPROBE_HOOKS_LOG_LEVEL", "LOUD", "accepted: DEBUG, INFO, WARNING, ERROR"),
     ("MSPROBE_HOOKS_PREFLIGHT", "strict", "accepted: warn, error"),
@@ -117,7 +123,7 @@ def test_every_variable_with_validation_has_a_bad_value_case():
     from msprobe_hooks.config import VARIABLES
 
     covered = {name for name, _, _ in BAD_VALUES}
-    validated = {v.name for v in VARIABLES} - {"MSPROBE_HOOKS_OUTPUT_DIR", "TORCHDYNAMO_DISABLE"}
+    validated = {v.name for v in VARIABLES} - {"TORCHDYNAMO_DISABLE"}
     assert validated <= covered
 
 
@@ -132,6 +138,7 @@ def test_every_variable_with_validation_has_a_bad_value_case():
         ('{"step": 3}', "step=3"),
         ('{"rank": ["a-b"]}', "rank=['a-b']"),
         ('{"dump_path": ""}', "dump_path=''"),
+        ('{"dump_path": "/proc/x/actor"}', "dump_path='/proc/x/actor': /proc is on a filesystem that holds no files"),
     ],
 )
 def test_a_config_msprobe_would_reject_stops_the_process(tmp_path, content, why):
@@ -141,6 +148,13 @@ def test_a_config_msprobe_would_reject_stops_the_process(tmp_path, content, why)
     assert result.returncode == 2
     assert result.stderr.startswith(f"msprobe-hooks: error: MSPROBE_ACTOR_CONFIG='{path}' is not valid")
     assert why in result.stderr
+
+
+def test_a_writable_dump_root_is_accepted_and_not_created_at_start_up(tmp_path):
+    root = tmp_path / "not" / "yet"
+    result = run_python("print('user code ran')", shim_env(DUMP_ON="1", MSPROBE_HOOKS_OUTPUT_DIR=str(root)))
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "not").exists()
 
 
 def test_every_bad_variable_is_reported_at_once():
@@ -161,6 +175,26 @@ def test_unknown_msprobe_hooks_variables_are_reported_once_with_a_suggestion():
     warnings = [line for line in result.stderr.splitlines() if "MSPROBE_HOOKS_STRIKT" in line]
     assert len(warnings) == 1
     assert "did you mean MSPROBE_HOOKS_STRICT?" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("DUMP_PAHSE", "DUMP_PHASE"), ("MSPROBE_ACTOR_CONFG", "MSPROBE_ACTOR_CONFIG"), ("PROMPT_ONLY", "PROMPTS_ONLY")],
+)
+def test_near_misses_of_our_other_variables_get_the_same_suggestion(typo, meant):
+    code = "import msprobe_hooks; msprobe_hooks.activate(); print('ok')"
+    result = run_python(code, shim_env(DUMP_ON="1", **{typo: "all"}))
+    assert result.returncode == 0
+    warnings = [line for line in result.stderr.splitlines() if typo in line]
+    assert len(warnings) == 1
+    assert f"unknown variable {typo} ignored (did you mean {meant}?)" in warnings[0]
+
+
+def test_other_tools_variables_in_our_prefixes_are_not_reported():
+    # msprobe's own MSPROBE_LOG_LEVEL is six edits from MSPROBE_HOOKS_LOG_LEVEL;
+    # the others are far from every name of ours.
+    environ = {"MSPROBE_LOG_LEVEL": "INFO", "DUMP_PATH": "/x", "MSPROBE_DUMP_DIR": "/y", "PROMPT_TEMPLATE": "z"}
+    assert config_module.load(environ).unknown_names == ()
 
 
 def test_relative_paths_are_pinned_for_every_later_process(tmp_path):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_python, shim_env
 from verl_runs import OPS, EngineRun, run_engine, write_config
 
 from msprobe_hooks import records
@@ -207,3 +208,92 @@ def test_without_msprobe_the_first_due_dump_fails_clearly(tmp_path: Path, model_
     assert "DebuggerUnavailable: DUMP_ON=1 needs msprobe" in run.stderr
     assert "pip install 'mindstudio-probe" in run.stderr
     assert not run.dump_root.exists()
+
+
+def test_when_msprobe_start_fails_the_engine_runs_unchanged_with_one_line(tmp_path: Path, model_dir: str, runs) -> None:
+    # Both kinds of window: prompt-only forwards in the log-prob passes, micro-batches in the update.
+    spec = {**SPEC, "model_dir": model_dir, "fail_msprobe_start": True}
+    run = run_engine(tmp_path, spec, DUMP_PHASE="all", PROMPTS_ONLY="1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _assert_same_outputs(run, runs("baseline"), range(len(OPS)))
+    reports = [line for line in run.stderr.splitlines() if "the host goes on unaffected" in line]
+    assert len(reports) == 1, run.stderr[-3000:]
+    assert "patch verl.fsdp_engine: starting an msprobe step failed" in reports[0]
+    assert "made to fail by the test" in reports[0]
+    assert run.log_lines() == [] and run.steps() == []
+
+
+# verl's own CPU tests drive FSDPEngine.forward_backward_batch with a stand-in self: passed through
+# the class (wrapt then binds no instance), or an engine made without __init__ (no engine_config,
+# or one without forward_only). The wrapper must decide, say so once, and run the call unchanged.
+STAND_IN_SELF = """
+import json, sys
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+sys.path.insert(0, {examples!r})
+import verl_cpu
+
+verl_cpu.register_cpu_platform()
+import torch
+from tensordict import TensorDict
+from verl.workers.engine.fsdp import transformer_impl
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+from msprobe_hooks import patching
+
+# What forward_backward_batch reaches besides self, made trivial (one micro-batch, no process group).
+transformer_impl.prepare_micro_batches = lambda data, **kwargs: ([data], None)
+transformer_impl.postprocess_batch_func = lambda output_lst, **kwargs: output_lst[0]
+transformer_impl.get_device_id = lambda: "cpu"
+torch.distributed.all_reduce = lambda *args, **kwargs: None
+
+
+def stand_in(engine):
+    loss = torch.tensor(3.0, requires_grad=True)
+    engine.__dict__.update(
+        ulysses_sequence_parallel_size=1,
+        scaler=None,
+        get_data_parallel_group=lambda: None,
+        get_data_parallel_size=lambda: 1,
+        _gradient_sync_context=lambda **kwargs: nullcontext(),
+        forward_step=lambda micro_batch, loss_function, forward_only: (loss, {{"loss": loss.item()}}),
+    )
+    return engine, loss
+
+
+def batch():
+    return TensorDict({{"loss_mask": torch.ones(2)}}, batch_size=[2])
+
+
+results = {{}}
+engine, loss = stand_in(SimpleNamespace())
+out = FSDPEngine.forward_backward_batch(engine, batch(), loss_function=None, forward_only=False)
+results["through_the_class"] = [out, loss.grad.item()]
+engine, loss = stand_in(object.__new__(FSDPEngine))
+out = engine.forward_backward_batch(batch(), loss_function=None)
+results["no_engine_config"] = [out, loss.grad.item()]
+engine, loss = stand_in(object.__new__(FSDPEngine))
+engine.engine_config = SimpleNamespace()
+out = engine.forward_backward_batch(batch(), None, False)
+results["no_forward_only"] = [out, loss.grad.item()]
+results["patch"] = [s.state for s in patching.status() if s.name == "verl.fsdp_engine"]
+print(json.dumps(results))
+"""
+
+
+def test_forward_backward_batch_with_a_stand_in_self_runs_unchanged(tmp_path: Path) -> None:
+    code = STAND_IN_SELF.format(examples=str(Path(__file__).resolve().parent.parent / "examples"))
+    variables = {"MSPROBE_HOOKS_OUTPUT_DIR": str(tmp_path / "dumps"), "DUMP_PHASE": "all"}
+    dumped = run_python(code, shim_env(DUMP_ON="1", **variables), cwd=tmp_path)
+    plain = run_python(code, shim_env(**variables), cwd=tmp_path)
+    assert dumped.returncode == 0, dumped.stderr[-3000:]
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    results, expected = dumped.json(), plain.json()
+    assert results.pop("patch") == ["applied"] and expected.pop("patch") == []
+    assert results == expected
+    reports = [line for line in dumped.stderr.splitlines() if "the host goes on unaffected" in line]
+    assert len(reports) == 1 and "deciding whether the pass is dumped failed" in reports[0], dumped.stderr[-3000:]
+    # MSPROBE_HOOKS_STRICT=1: the same fault is raised, after its line.
+    strict = run_python(code, shim_env(DUMP_ON="1", MSPROBE_HOOKS_STRICT="1", **variables), cwd=tmp_path)
+    assert strict.returncode == 1 and "AttributeError" in strict.stderr.splitlines()[-1], strict.stderr[-3000:]

@@ -144,3 +144,23 @@ def test_v1_layout_trimmed_and_equal_length_prompts() -> None:
     assert actor_dump.is_trimmed(batch)
     described = actor_dump.describe_samples(batch)
     assert [(s.uid, s.session_id, s.request_ids, s.seq_len) for s in described] == [("u0", 0, [], 3), ("u1", 0, [], 3)]
+
+
+@pytest.mark.parametrize("top_level", ["absent", "none"])
+def test_v1_request_ids_are_read_from_each_samples_extra_fields(top_level: str) -> None:
+    # A v1 (TransferQueue) micro-batch whose ids were not promoted to top-level fields (a custom
+    # agent loop; our promotion stepped aside): the published recipe's extra_fields["request_id"].
+    rows = []
+    for i, extra in enumerate(
+        [{"request_id": "turn-1", "inference_request_ids": ["turn-1", "turn-2"]}, {"request_id": "only"}, {}]
+    ):
+        row = {"input_ids": torch.arange(4 + i), "prompts": torch.arange(2 + i), "uid": f"u{i}", "extra_fields": extra}
+        if top_level == "none":  # what promotion writes when it saw no id
+            row.update(request_id=None, inference_request_ids=None)
+        rows.append(row)
+    described = actor_dump.describe_samples(tu.list_of_dict_to_tensordict(rows))
+    assert [(s.request_id, s.request_ids) for s in described] == [
+        ("turn-1", ["turn-1", "turn-2"]),
+        ("only", ["only"]),
+        (None, []),
+    ]

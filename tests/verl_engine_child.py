@@ -9,6 +9,7 @@ Run by the tests as ``python tests/verl_engine_child.py '<json spec>'`` (world s
 * ``micro_batch_size``; ``max_token_len`` (use_dynamic_bsz=True with that token budget);
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
 * ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
+* ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
 * ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob``;
 * ``out``: the folder for the report.
 
@@ -25,6 +26,13 @@ import sys
 SPEC = json.loads(sys.argv[1])
 if SPEC.get("block_msprobe"):
     sys.modules["msprobe"] = None  # type: ignore[assignment]  # ``import msprobe`` now raises ImportError
+if SPEC.get("fail_msprobe_start"):
+    from msprobe.pytorch import PrecisionDebugger
+
+    def _failing_start(self, *args, **kwargs):
+        raise RuntimeError("PrecisionDebugger.start failed (made to fail by the test)")
+
+    PrecisionDebugger.start = _failing_start
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 

@@ -6,6 +6,10 @@ pass: the micro-batch itself (its forward and, when updating, its backward: the 
 when the backward from the returned loss finishes), or with ``PROMPTS_ONLY=1`` in a log-prob
 pass one prompt-only forward per sample, made with the engine's own ``forward_step`` (so its own
 input packing, position ids and multi-modal inputs) before the real, undumped forward.
+
+Our work in both wrappers runs guarded (:func:`msprobe_hooks.patching.guarded`): an engine we
+cannot read, a micro-batch layout we do not know, msprobe failing, each gives one line and the
+engine's call runs unchanged.
 """
 
 from __future__ import annotations
@@ -29,26 +33,36 @@ def patch(module: ModuleType) -> None:
         return not engine.engine_config.forward_only and not isinstance(engine, value_head)
 
     def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor(instance))
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor)
+
+    def wants_prompt_forwards(micro_batch: Any) -> bool:
+        forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
+        return forward_mode and not is_trimmed(micro_batch)
+
+    def prompt_forwards(current: Any, engine: Any, wrapped: Any, micro_batch: Any) -> None:
+        dumper().prompt_only_forwards(
+            current,
+            micro_batch,
+            engine.module,
+            lambda batch: wrapped(batch, loss_function=None, forward_only=True),
+            engine.get_data_parallel_group(),
+            get_device_id(),
+        )
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = dumper()
-        current = state.begin_micro_batch(instance)
+        current = state.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
         if current is None:
             return wrapped(*args, **kwargs)
         micro_batch = kwargs["micro_batch"] if "micro_batch" in kwargs else args[0]
-        forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
-        if current.phase == "log_prob" and forward_mode and not is_trimmed(micro_batch):
-            state.prompt_only_forwards(
-                current,
-                micro_batch,
-                instance.module,
-                lambda batch: wrapped(batch, loss_function=None, forward_only=True),
-                instance.get_data_parallel_group(),
-                get_device_id(),
+        if current.phase == "log_prob" and patching.guarded(
+            PATCH_NAME, "reading the micro-batch's mode", wants_prompt_forwards, micro_batch, default=False
+        ):
+            patching.guarded(
+                PATCH_NAME, "the prompt-only forwards", prompt_forwards, current, instance, wrapped, micro_batch
             )
             return wrapped(*args, **kwargs)
-        state.open(instance.module, current, "micro_batch", micro_batch)
+        state.open(getattr(instance, "module", None), current, "micro_batch", micro_batch)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:

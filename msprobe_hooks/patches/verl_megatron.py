@@ -63,59 +63,64 @@ def patch(module: ModuleType) -> None:
         # The trainer reads the same size from actor.megatron, so both sides agree on trimming.
         return prompts_only.mode(bootstrap.current_config(), engine.engine_config.pipeline_model_parallel_size)
 
-    def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        def refuse(phase: str, data: Any) -> None:
-            if len(instance.module) > 1:
+    def refuse(instance: Any, phase: str, data: Any) -> None:
+        if len(instance.module) > 1:
+            raise DumpRefused(
+                f"DUMP_ON=1 with virtual pipeline parallelism ({len(instance.module)} model chunks per rank) "
+                "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
+                "set virtual_pipeline_model_parallel_size to null for the collection run"
+            )
+        if phase != "log_prob" or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
+            return
+        if prompts_only_mode(instance) == prompts_only.TRIM:
+            if not is_trimmed(data):
                 raise DumpRefused(
-                    f"DUMP_ON=1 with virtual pipeline parallelism ({len(instance.module)} model chunks per rank) "
-                    "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
-                    "set virtual_pipeline_model_parallel_size to null for the collection run"
+                    "PROMPTS_ONLY=1 with pipeline parallel size "
+                    f"{instance.engine_config.pipeline_model_parallel_size} on the Megatron engine: the batch "
+                    "still has its responses (the trainer's trim did not run) and the pipeline schedule leaves "
+                    "no room for an extra prompt-only forward; use PROMPTS_ONLY=trim (collection runs only)"
                 )
-            if phase != "log_prob" or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
-                return
-            if prompts_only_mode(instance) == prompts_only.TRIM:
-                if not is_trimmed(data):
-                    raise DumpRefused(
-                        "PROMPTS_ONLY=1 with pipeline parallel size "
-                        f"{instance.engine_config.pipeline_model_parallel_size} on the Megatron engine: the batch "
-                        "still has its responses (the trainer's trim did not run) and the pipeline schedule leaves "
-                        "no room for an extra prompt-only forward; use PROMPTS_ONLY=trim (collection runs only)"
-                    )
-                return
-            # Both keep per-micro-batch state in the engine that an extra forward would disturb:
-            # recorded routes (R2) or replayed ones (R3); a context-parallel layout per micro-batch.
-            if getattr(instance, "enable_routing_replay", False):  # verl >= 0.7.1
-                raise DumpRefused(
-                    "PROMPTS_ONLY=1 with router replay on the Megatron engine: an extra prompt-only forward "
-                    "would record or replay routes of its own; set router_replay.mode=disabled for the "
-                    "collection run, or use PROMPTS_ONLY=trim"
-                )
-            if getattr(instance.engine_config, "dynamic_context_parallel", False):  # verl >= 0.8
-                raise DumpRefused(
-                    "PROMPTS_ONLY=1 with dynamic context parallelism on the Megatron engine: its micro-batches "
-                    "are laid out per context-parallel group, which a one-prompt forward does not fit; set "
-                    "dynamic_context_parallel=False for the collection run, or use PROMPTS_ONLY=trim"
-                )
+            return
+        # Both keep per-micro-batch state in the engine that an extra forward would disturb:
+        # recorded routes (R2) or replayed ones (R3); a context-parallel layout per micro-batch.
+        if getattr(instance, "enable_routing_replay", False):  # verl >= 0.7.1
+            raise DumpRefused(
+                "PROMPTS_ONLY=1 with router replay on the Megatron engine: an extra prompt-only forward "
+                "would record or replay routes of its own; set router_replay.mode=disabled for the "
+                "collection run, or use PROMPTS_ONLY=trim"
+            )
+        if getattr(instance.engine_config, "dynamic_context_parallel", False):  # verl >= 0.8
+            raise DumpRefused(
+                "PROMPTS_ONLY=1 with dynamic context parallelism on the Megatron engine: its micro-batches "
+                "are laid out per context-parallel group, which a one-prompt forward does not fit; set "
+                "dynamic_context_parallel=False for the collection run, or use PROMPTS_ONLY=trim"
+            )
 
-        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor(instance), refuse)
+    def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor, refuse)
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = dumper()
         current = state.begin_micro_batch(instance)
         if current is None:
             return wrapped(*args, **kwargs)
-        if current.phase == "log_prob" and prompts_only_mode(instance) == prompts_only.FORWARD:
+        mode = patching.guarded(
+            PATCH_NAME, "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF
+        )
+        if current.phase == "log_prob" and mode == prompts_only.FORWARD:
             # Take the micro-batch now; the real forward_step gets it back through an iterator of its own.
             micro_batch = next(_batch_iter(args, kwargs))
             args, kwargs = _with_batch_iter(args, kwargs, iter([micro_batch]))
-            if not is_trimmed(micro_batch):
 
-                def prompt_forward(batch: Any) -> None:
-                    # Its output and loss function are dropped: nothing of it reaches the schedule.
-                    one_args, one_kwargs = _with_batch_iter(args, kwargs, iter([batch]))
-                    with torch.no_grad():
-                        wrapped(*one_args, **one_kwargs)
+            def prompt_forward(batch: Any) -> None:
+                # Its output and loss function are dropped: nothing of it reaches the schedule.
+                one_args, one_kwargs = _with_batch_iter(args, kwargs, iter([batch]))
+                with torch.no_grad():
+                    wrapped(*one_args, **one_kwargs)
 
+            def prompt_forwards() -> bool:
+                if is_trimmed(micro_batch):
+                    return False
                 state.prompt_only_forwards(
                     current,
                     micro_batch,
@@ -124,6 +129,9 @@ def patch(module: ModuleType) -> None:
                     instance.get_data_parallel_group(),
                     get_device_id(),
                 )
+                return True
+
+            if patching.guarded(PATCH_NAME, "the prompt-only forwards", prompt_forwards, default=True):
                 return wrapped(*args, **kwargs)
         # The micro-batch is next(batch_iter), taken inside; postprocess names it.
         state.open(list(instance.module), current, "micro_batch")

@@ -18,9 +18,13 @@ PATCH_NAME = "verl.native_profiler_guard"
 
 
 def patch(module: ModuleType) -> None:
+    def uses_msprobe(profiler: Any) -> bool:
+        return profiler._tool == "precision_debugger" and bool(profiler._enable)
+
     def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
         wrapped(*args, **kwargs)
-        if instance._tool == "precision_debugger" and instance._enable:
+        profiler = patching.bound(instance, args)[0]
+        if patching.guarded(PATCH_NAME, "reading the profiler's tool", uses_msprobe, profiler, default=False):
             raise DumpRefused(
                 "DUMP_ON=1 and verl's global_profiler.tool=precision_debugger are both on: msprobe allows one "
                 "debugger per process, so their dumps would corrupt each other; turn one of them off"

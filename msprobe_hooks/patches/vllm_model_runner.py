@@ -42,7 +42,7 @@ from ..dispatch_log import (
     step_line,
 )
 from ..log import logger
-from ..patching import TargetChanged, is_ours, report_failure, unwrap_method, wrap_method
+from ..patching import TargetChanged, guarded, is_ours, report_failure, unwrap_method, wrap_method
 from ..records import strip_vllm_suffix
 
 PATCH_NAME = "vllm.model_runner"
@@ -200,14 +200,6 @@ class RunnerState:
             self.debugger.step()
         finally:
             self.on_stepped()  # the window closes even if msprobe failed
-
-
-def guarded(patch_name: str, what: str, work: Callable[..., None], *args: Any) -> None:
-    """Our own work inside a wrapper: a failure is reported (once loudly) and never reaches vLLM."""
-    try:
-        work(*args)
-    except Exception as exc:
-        report_failure(patch_name, what, exc)
 
 
 def state_of(runner: Any) -> RunnerState | None:

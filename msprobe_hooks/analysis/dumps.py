@@ -13,7 +13,7 @@ import os
 import re
 
 DUMP_FILE = "dump.json"
-_CHUNK = 1 << 20
+_CHUNK = 1 << 16  # the embedding entry is within the first few KB of a dump
 _OVERLAP = 4096  # longer than any entry name: a name cut by a chunk boundary is found in the next
 # The embedding's input holds the token ids: the module (HF/vLLM/SGLang ``embed_tokens``, Megatron
 # ``word_embeddings``, any wrapper prefix) at L0/mix, or the functional call at L1/mix.

@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import actor_dump, dispatch_log
 from ..records import strip_vllm_suffix
@@ -90,9 +90,8 @@ class TrainDump:
         return self.seq_len is None or self.prompt_len is None or self.seq_len == self.prompt_len
 
 
-@dataclass(frozen=True)
-class GenRow:
-    """One request's share of a model step."""
+class GenRow(NamedTuple):
+    """One request's share of a model step (a tuple: a long log has millions)."""
 
     request_id: str | None
     base: str | None  # engine suffix stripped
@@ -209,6 +208,18 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
 
 
 def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
+    if "full_prefill" in raw and "request_id_base" in raw:  # our own rows: every field under its name
+        get = raw.get
+        return GenRow(
+            get("request_id"),
+            get("request_id_base"),
+            get("prefill") is True,
+            get("full_prefill") is True,
+            get("tokens"),
+            get("offset"),
+            get("prompt_len"),
+            get("prompt_hash"),
+        )
     request_id = _field(raw, ROW_FIELDS["request_id"])
     request_id = None if request_id is None else str(request_id)
     base = raw.get("request_id_base")

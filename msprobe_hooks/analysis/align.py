@@ -147,8 +147,8 @@ class Aligner:
         return dump_path(self.train_dir, dump.step, dump.rank, dump.pid)
 
     def _generate_dump(self, step: GenStep) -> str:
-        process = os.path.join(self.generate_dir, str(step.pid)) if step.pid is not None else self.generate_dir
-        return dump_path(process, step.step, step.rank, step.pid)
+        # Next to its dispatch log: {generate dump_path}/{pid}/step{N}/rank{R}/dump.json
+        return dump_path(os.path.dirname(step.log), step.step, step.rank, step.pid)
 
     def _is_readable(self, path: str) -> bool:
         if path in self._readable:

@@ -391,17 +391,20 @@ def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen
     for n, sample in enumerate(SAMPLES):
         gen.step(n, [full_prefill(sample)], dump_tokens=None if n == 2 else -1)  # step 2's dump.json is gone
     gen.line('{"step": 9, "requests": [')
+    corrupt = gen.root / str(GEN_PID) / "step1" / "rank0" / "dump.json"
+    corrupt.write_text("<html>proxy error</html>")
     status, out, err, found = align(train, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
-    assert [p["key"] for p in found] == ["req-uid-0", "req-uid-1"]
+    assert [p["key"] for p in found] == ["req-uid-0"]
+    assert f"{corrupt}: not an msprobe dump.json" in err
     assert f"{log}:2: not JSON" in err
     assert f"{log}:5: not JSON (truncated?)" in err
     gen_log = gen.root / str(GEN_PID) / "dispatch_log.jsonl"
     assert f"{gen_log}:5: not JSON" in err
     missing = gen.root / str(GEN_PID) / "step2" / "rank0" / "dump.json"
     assert f"{missing}: missing" in err
-    assert table(out) == {"dump unreadable": (1, 1), "no counterpart": (0, 1)}
-    assert "4 bad log lines or dump files" in out
+    assert table(out) == {"dump unreadable": (2, 2), "no counterpart": (0, 1)}
+    assert "5 bad log lines or dump files" in out
 
 
 def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, gen, tmp_path):

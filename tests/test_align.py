@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, clean_env
 
+from msprobe_hooks.analysis import logs
 from msprobe_hooks.analysis import pairs as pairs_file
 from msprobe_hooks.dispatch_log import ScheduledRequest, step_record
 from msprobe_hooks.records import prompt_hash
@@ -120,6 +121,11 @@ def decode(sample: verl_cpu.Sample, done: int = 0) -> ScheduledRequest:
     )
 
 
+def compact(record: dict) -> str:
+    """A log line as JsonlLog writes it."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
 class GenTree:
     """``{generate dump_path}/{pid}/dispatch_log.jsonl`` and ``{pid}/step{N}/rank{R}/``, as the vLLM patch
     writes them."""
@@ -152,7 +158,7 @@ class GenTree:
         path = self.root / str(pid) / "dispatch_log.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as handle:
-            handle.write((record if isinstance(record, str) else json.dumps(record)) + "\n")
+            handle.write((record if isinstance(record, str) else compact(record)) + "\n")
 
     def copy_dump(self, tokens: int, pid: int, step: int, rank: int) -> None:
         shutil.copytree(self.dumps[tokens], self.root / str(pid) / f"step{step}" / f"rank{rank}")
@@ -451,3 +457,30 @@ def test_align_imports_no_torch(training, gen, tmp_path):
         [sys.executable, "-c", textwrap.dedent(code)], env=clean_env(), capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_decode_lines_read_without_json_agree_with_json(tmp_path):
+    """Our decode-only lines are scanned, not parsed (most lines of a long log): the same answer."""
+    odd = verl_cpu.Sample(prompt=(3, 4), response=(), uid="x", request_id='quote"and\\slash')
+    records = [
+        step_record(engine="sglang", engine_version=None, rank=1, step=n, dumped=dumped, requests=rows)
+        for n, (dumped, rows) in enumerate(
+            [
+                (True, [decode(s) for s in SAMPLES]),
+                (False, [decode(SAMPLES[0]), decode(odd)]),
+                (True, []),
+                (True, [full_prefill(SAMPLES[1]), decode(SAMPLES[0])]),  # a prefill row: parsed
+            ]
+        )
+    ]
+    compact_log, spaced_log = tmp_path / "compact.jsonl", tmp_path / "spaced.jsonl"
+    compact_log.write_text("".join(compact(r) + "\n" for r in records))
+    spaced_log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    scanned = list(logs.read_dispatch(str(compact_log), pytest.fail))
+    parsed = list(logs.read_dispatch(str(spaced_log), pytest.fail))
+    assert all(logs._decode_line(compact(r)) is not None for r in records[:3])
+    assert scanned[:3] == parsed[:3]
+    assert scanned[1] == logs.DecodeStep(
+        False, ["req-uid-0", 'quote"and\\slash'], [prompt_hash(SAMPLES[0].prompt), prompt_hash(odd.prompt)]
+    )
+    assert isinstance(scanned[3], logs.GenStep) and scanned[3].rows == parsed[3].rows

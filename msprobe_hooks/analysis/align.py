@@ -28,7 +28,17 @@ from typing import Any
 from ..log import logger
 from . import pairs as pairs_file
 from .dumps import DumpUnreadable, check_readable, dump_path, embedding_tokens
-from .logs import DISPATCH_LOG, TRAINING_LOG, GenRow, GenStep, TrainDump, find_logs, read_dispatch, read_training
+from .logs import (
+    DISPATCH_LOG,
+    TRAINING_LOG,
+    DecodeStep,
+    GenRow,
+    GenStep,
+    TrainDump,
+    find_logs,
+    read_dispatch,
+    read_training,
+)
 
 BACKENDS = ("fsdp", "megatron")
 
@@ -120,19 +130,20 @@ class Aligner:
             for step in read_dispatch(path, self.warn):
                 self._index(step)
 
-    def _index(self, step: GenStep) -> None:
-        for row in step.rows:
-            if row.base is not None:
-                self._seen_bases.add(row.base)
-            if row.prompt_hash is not None:
-                self._seen_hashes.add(row.prompt_hash)
-        if not step.has_prefill:
+    def _index(self, step: GenStep | DecodeStep) -> None:
+        if isinstance(step, DecodeStep):
+            self._seen_bases.update(step.bases)
+            self._seen_hashes.update(step.hashes)
             if step.dumped is not False:
                 self.result.generate_total += 1
                 self.result.generate_unpaired["decode only"] += 1
             return
         self._prefill_steps.append(step)
         for row in step.rows:
+            if row.base is not None:
+                self._seen_bases.add(row.base)
+            if row.prompt_hash is not None:
+                self._seen_hashes.add(row.prompt_hash)
             if not row.prefill:
                 continue
             candidate = _Candidate(step, row)

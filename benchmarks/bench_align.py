@@ -70,7 +70,7 @@ def build(root: str) -> tuple[str, str]:
 
 
 def _join(train: str, generate: str, out: str) -> int:
-    aligner = align.Aligner(train, generate, os.path.dirname(out))
+    aligner = align.Aligner(os.path.dirname(out))
     aligner.read(
         align.find_logs(train, align.TRAINING_LOG),
         align.find_logs(generate, align.DISPATCH_LOG),

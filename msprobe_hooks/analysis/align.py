@@ -83,18 +83,14 @@ class Result:
 
 
 class Aligner:
-    """One join of a training dump tree with an inference dump tree."""
+    """One join of training logs with dispatch logs; ``out_dir`` is the pairs file's folder."""
 
     def __init__(
         self,
-        train_dir: str,
-        generate_dir: str,
         out_dir: str,
         backend: str = "fsdp",
         config_request_ids: frozenset[str] = frozenset(),
     ) -> None:
-        self.train_dir = train_dir
-        self.generate_dir = generate_dir
         self.out_dir = os.path.abspath(out_dir)
         self.backend = backend
         self.config_request_ids = config_request_ids
@@ -155,7 +151,8 @@ class Aligner:
     # --- dumps ---------------------------------------------------------------------------------
 
     def _train_dump(self, dump: TrainDump) -> str:
-        return dump_path(self.train_dir, dump.step, dump.rank, dump.pid)
+        # {actor dump_path}/step{N}/rank{R}/dump.json, its log at {actor dump_path}/{pid}/
+        return dump_path(os.path.dirname(os.path.dirname(dump.log)), dump.step, dump.rank, dump.pid)
 
     def _generate_dump(self, step: GenStep) -> str:
         # Next to its dispatch log: {generate dump_path}/{pid}/step{N}/rank{R}/dump.json
@@ -258,15 +255,15 @@ class Aligner:
         prompt_len = dump.prompt_len
         if prompt_len is None and any(c.row.full is None for c in candidates):
             prompt_len = self._token_count(train_path)
-        good = []
+        good, failed = [], set()
         for candidate in candidates:
             verdict = self._verdict(candidate, prompt_len)
             if verdict is None:
                 good.append(candidate)
             else:
+                failed.add(verdict)
                 self._refused.setdefault(candidate.key, verdict)
         if not good:
-            failed = {self._refused[c.key] for c in candidates}
             return next(reason for reason in _NEAREST if reason in failed)
         same = [c for c in good if c.step.rank == dump.rank]
         if same:
@@ -446,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     out_dir = os.path.dirname(os.path.abspath(args.output))
-    aligner = Aligner(args.train_dir, args.generate_dir, out_dir, args.backend, ids)
+    aligner = Aligner(out_dir, args.backend, ids)
     aligner.read(found["TRAIN_DIR"], found["GENERATE_DIR"])
     result = aligner.run()
     os.makedirs(out_dir, exist_ok=True)

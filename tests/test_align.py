@@ -413,6 +413,19 @@ def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen
     assert "5 bad log lines or dump files" in out
 
 
+def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_path):
+    train = tmp_path / "actor"
+    shutil.copytree(training, train)
+    (train / "step1" / "rank0" / "dump.json").unlink()
+    for n, sample in enumerate(SAMPLES):
+        gen.step(n, [full_prefill(sample)])
+    status, out, err, found = align(train, gen.root, tmp_path / "pairs.jsonl")
+    assert status == 0, err
+    assert [p["key"] for p in found] == ["req-uid-0", "req-uid-2", "req-uid-3"]
+    assert f"{train / 'step1' / 'rank0' / 'dump.json'}: missing" in err
+    assert table(out) == {"dump unreadable": (1, 1)}
+
+
 def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, gen, tmp_path):
     job = tmp_path / "job"
     shutil.copytree(training, job / "actor")
@@ -442,6 +455,13 @@ def test_bad_input_exits_2_and_names_it(training, tmp_path):
     assert status == 2 and "holds no {pid}/dispatch_log.jsonl" in err
     status, _, err, _ = align(tmp_path / "empty", training, tmp_path / "pairs.jsonl")
     assert status == 2 and "holds no {pid}/update_actor_log.jsonl" in err
+    gen = tmp_path / "generate" / "1"
+    gen.mkdir(parents=True)
+    (gen / "dispatch_log.jsonl").write_text("")
+    (tmp_path / "config.json").write_text("{not json")
+    options = ("--generate-config", str(tmp_path / "config.json"))
+    status, _, err, _ = align(training, tmp_path / "generate", tmp_path / "pairs.jsonl", *options)
+    assert status == 2 and f"--generate-config {tmp_path / 'config.json'}: not JSON" in err
 
 
 def test_align_imports_no_torch(training, gen, tmp_path):

@@ -225,6 +225,19 @@ class Aligner:
         per_rank = Counter(c.step.rank for c in candidates)  # id-less rows: one per request and rank
         return not ids and any(n > 1 for n in per_rank.values())
 
+    def _lookup(self, dump: TrainDump) -> tuple[str, str, list[_Candidate]] | str:
+        """(rule, key, the prefill rows of that key) for one training sample, or why there are none."""
+        base = dump.request_base
+        if base is not None and base in self._seen_bases:
+            return "request_id", base, self._by_base.get(base, [])
+        if dump.prompt_hash is not None and dump.prompt_hash in self._seen_hashes:
+            candidates = self._by_hash.get(dump.prompt_hash, [])
+            if self._hash_ambiguous(dump, candidates):
+                self._refused.update((c.key, "ambiguous hash") for c in candidates)
+                return "ambiguous hash"
+            return "prompt_hash", dump.prompt_hash, candidates
+        return "no join key" if base is None and dump.prompt_hash is None else "no counterpart"
+
     def match(self, dump: TrainDump) -> dict[str, Any] | str:
         """The pair of one training dump, or the reason it has none."""
         if dump.samples == 0:
@@ -234,22 +247,16 @@ class Aligner:
         if not dump.prompt_only:
             return "not prompt-only"
         train_path = self._train_dump(dump)
-        if not self._is_readable(train_path):
+        readable = self._is_readable(train_path)
+        found = self._lookup(dump)
+        if not readable:  # its counterparts, if any, stay unpaired for the same reason
+            if not isinstance(found, str):
+                for candidate in found[2]:
+                    self._refused.setdefault(candidate.key, "dump unreadable")
             return "dump unreadable"
-        base = dump.request_base
-        if base is not None and base in self._seen_bases:
-            rule, key = "request_id", base
-            candidates = self._by_base.get(base, [])
-        elif dump.prompt_hash is not None and dump.prompt_hash in self._seen_hashes:
-            rule, key = "prompt_hash", dump.prompt_hash
-            candidates = self._by_hash.get(key, [])
-            if self._hash_ambiguous(dump, candidates):
-                self._refused.update((c.key, "ambiguous hash") for c in candidates)
-                return "ambiguous hash"
-        elif base is None and dump.prompt_hash is None:
-            return "no join key"
-        else:
-            return "no counterpart"
+        if isinstance(found, str):
+            return found
+        rule, key, candidates = found
         if not candidates:
             return "decode only"  # the key is in the logs, in decode rows only
         prompt_len = dump.prompt_len

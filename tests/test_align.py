@@ -280,7 +280,8 @@ def test_unpaired_reasons_decode_only_not_dumped_partial_no_counterpart(training
         "not dumped": (1, 0),
         "no counterpart": (1, 1),
     }
-    assert "nothing paired" in err
+    why = "of 4 training dumps: 1 decode only, 1 not dumped, 1 not a full prefill, 1 no counterpart"
+    assert f"nothing paired ({why})" in err
     assert (tmp_path / "pairs.jsonl").read_text() == ""  # a stale pairs file is never left behind
 
 

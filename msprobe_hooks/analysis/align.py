@@ -467,9 +467,8 @@ def run(args: argparse.Namespace) -> int:
     if result.problems:
         print(f"{result.problems} bad log lines or dump files, each named above on stderr")
     if not result.pairs:
-        print(
-            "msprobe-hooks align: nothing paired (reasons above); see docs/analysis.md for what a pair needs",
-            file=sys.stderr,
-        )
+        why = ", ".join(f"{n} {reason}" for reason, n in result.train_unpaired.most_common())
+        why = f"of {result.train_total} training dumps: {why}" if why else "the training logs list no dump"
+        print(f"msprobe-hooks align: nothing paired ({why}); docs/analysis.md says what a pair needs", file=sys.stderr)
         return 1
     return 0

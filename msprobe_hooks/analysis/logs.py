@@ -24,6 +24,8 @@ from .. import actor_dump, dispatch_log
 from ..records import strip_vllm_suffix
 
 Warn = Callable[[str], None]
+TRAINING_LOG = actor_dump.LOG_FILENAME
+DISPATCH_LOG = dispatch_log.FILENAME
 
 # Field names other writers use for what our logs call the first name (the recipe's DispatchLogger,
 # the inference notes' proposed schema, Fully Async's top-level request ids).
@@ -315,7 +317,3 @@ def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
             rows=rows,
             recipe="engine" not in record,
         )
-
-
-TRAINING_LOG = actor_dump.LOG_FILENAME
-DISPATCH_LOG = dispatch_log.FILENAME

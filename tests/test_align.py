@@ -505,3 +505,34 @@ def test_decode_lines_read_without_json_agree_with_json(tmp_path):
         False, ["req-uid-0", 'quote"and\\slash'], [prompt_hash(SAMPLES[0].prompt), prompt_hash(odd.prompt)]
     )
     assert isinstance(scanned[3], logs.GenStep) and scanned[3].rows == parsed[3].rows
+
+
+def test_embedding_token_count_streams_any_dump(training, embedding_dumps, tmp_path):
+    from msprobe_hooks.analysis import dumps
+
+    assert dumps.embedding_tokens(str(training / "step1" / "rank0" / "dump.json")) == 7  # [1, 7], level mix
+    assert dumps.embedding_tokens(str(embedding_dumps[12] / "dump.json")) == 12  # [12], level L0
+    real = json.loads((embedding_dumps[6] / "dump.json").read_text())
+    (entry,) = [value for name, value in real["data"].items() if ".embed_tokens." in name]
+    # Megatron's name, behind ~300 KB of other entries, placed so that the reader's chunk boundary
+    # cuts the name itself, then the value.
+    name = "Module.module.module.embedding.word_embeddings.VocabParallelEmbedding.forward.0"
+    filler = {f"Functional.linear.{i}.forward": {"input_args": [], "output": [{"pad": "x" * 300}]} for i in range(1000)}
+    big = tmp_path / "dump.json"
+    for before_boundary in (20, 120):
+        first = filler["Functional.linear.0.forward"]["output"][0]
+        first["pad"] = "x" * 300
+        real["data"] = {**filler, name: entry}
+        start = json.dumps(real, indent=1).index(f'"{name}"')
+        first["pad"] += "x" * ((-start - before_boundary) % dumps._CHUNK)
+        text = json.dumps(real, indent=1)
+        assert text.index(f'"{name}"') % dumps._CHUNK == dumps._CHUNK - before_boundary
+        big.write_text(text)
+        assert dumps.embedding_tokens(str(big)) == 6
+    cut = tmp_path / "cut.json"
+    cut.write_text(big.read_text()[: big.stat().st_size - 200])
+    with pytest.raises(dumps.DumpUnreadable, match="cut.json: not valid JSON"):
+        dumps.embedding_tokens(str(cut))
+    real["data"] = filler
+    big.write_text(json.dumps(real, indent=1))
+    assert dumps.embedding_tokens(str(big)) is None

@@ -240,12 +240,16 @@ def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path):
 def test_packed_prefill_pairs_only_when_msprobe_cut_it_to_one_request(training, gen, tmp_path):
     gen.step(0, [full_prefill(SAMPLES[0]), full_prefill(SAMPLES[1])])  # 12 tokens dumped: both prompts
     gen.step(1, [decode(SAMPLES[0]), full_prefill(SAMPLES[2])], dump_tokens=4)  # cut to sample 2's 4 tokens
+    # Sample 3 prefilled twice (preempted, recomputed): cut from a packed step, then alone; alone wins.
+    gen.step(2, [decode(SAMPLES[0], 1), full_prefill(SAMPLES[3])], dump_tokens=6)
+    gen.step(3, [full_prefill(SAMPLES[3])])
     status, out, err, found = align(training, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
-    assert keys(found) == [("request_id", SAMPLES[2].request_id, 2, 1, 0)]
+    assert keys(found) == [("request_id", "req-uid-2", 2, 1, 0), ("request_id", "req-uid-3", 3, 3, 0)]
     assert found[0]["generate"]["filtered"] is True and found[0]["generate"]["offset"] == 1
     assert found[0]["generate"]["num_requests"] == 2
-    assert table(out) == {"multi-request step": (2, 1), "no counterpart": (1, 0)}
+    assert found[1]["generate"]["filtered"] is False
+    assert table(out) == {"multi-request step": (2, 1), "replica": (0, 1)}
 
 
 def test_generate_config_request_id_marks_the_cut_step(training, gen, tmp_path):

@@ -51,7 +51,7 @@ REASONS = (
     "not prompt-only",  # a training dump holding response tokens too (PROMPTS_ONLY off)
     "ambiguous hash",  # equal prompts under different ids, or several requests with one prompt
     "other ranks only",  # Megatron: no generate dump at the training rank
-    "replica",  # a generate dump of a prefill that was paired at another rank
+    "replica",  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
     "no join key",  # neither a request id nor a prompt hash
     "dump unreadable",  # its dump.json is missing or unreadable (named on stderr)
     "no counterpart",  # nothing on the other side carries its key

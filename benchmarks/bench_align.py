@@ -100,11 +100,11 @@ def _median(work, *args) -> tuple[float, object]:
 
 
 def main() -> int:
-    root = tempfile.mkdtemp(prefix="bench-align-")
-    train, generate = build(root)
-    joined, pairs = _median(_join, train, generate, os.path.join(root, "pairs.jsonl"))
-    floor, lines = _median(_floor, train, generate)
-    size = os.path.getsize(dispatch_log.open_log(generate).path) / 1e6
+    with tempfile.TemporaryDirectory(prefix="bench-align-") as root:
+        train, generate = build(root)
+        joined, pairs = _median(_join, train, generate, os.path.join(root, "pairs.jsonl"))
+        floor, lines = _median(_floor, train, generate)
+        size = os.path.getsize(dispatch_log.open_log(generate).path) / 1e6
     print(f"{lines} log lines ({size:.0f} MB dispatch log), {pairs} pairs, median of {REPEATS}")
     print(f"{'align s':>8} {'json.loads s':>13} {'ratio':>6}")
     print(f"{joined:8.2f} {floor:13.2f} {joined / floor:6.2f}")

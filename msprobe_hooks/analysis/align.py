@@ -1,15 +1,474 @@
-"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl`` (DESIGN.md §6)."""
+"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl`` (DESIGN.md §6, docs/analysis.md).
+
+Pairs each training prompt-only dump with the inference dump of that prompt's full prefill:
+
+* the join: by request id (the engine's suffix stripped) when both sides carry it, else by the
+  prompt-token hash; equal prompts under different ids, or several requests with one prompt,
+  are ambiguous and never paired;
+* the inference step: one holding that request alone, or a packed step that msprobe's
+  ``request_id`` filter cut to it (its dumped token count is that request's, or the generate
+  config names it); other packed steps are reported, not paired;
+* the rank: the generate rank equal to the training rank (the recipe's rule; Megatron needs it,
+  TP/PP/EP being equal); with FSDP, whose training ranks hold whole activations, the lowest rank
+  that dumped the prefill when no equal rank did (generate TP smaller than the number of cards).
+
+What is not paired is counted by reason, per side.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..log import logger
+from . import pairs as pairs_file
+from .dumps import DumpUnreadable, check_readable, dump_path, embedding_tokens
+from .logs import (
+    DISPATCH_LOG,
+    TRAINING_LOG,
+    DecodeStep,
+    GenRow,
+    GenStep,
+    TrainDump,
+    find_logs,
+    read_dispatch,
+    read_training,
+)
+
+BACKENDS = ("fsdp", "megatron")
+
+# Why a dump was not paired, in the order the table lists them.
+REASONS = (
+    "decode only",  # the request (or the step) has no prefill rows
+    "not a full prefill",  # chunked, prefix-cached, or not shown to hold the whole prompt
+    "multi-request step",  # several requests in one dump, not cut to one
+    "not dumped",  # its prefill step was not dumped (msprobe's step filter, GENERATE_FORWARDS)
+    "not prompt-only",  # a training dump holding response tokens too (PROMPTS_ONLY off)
+    "ambiguous hash",  # equal prompts under different ids, or several requests with one prompt
+    "other ranks only",  # Megatron: no generate dump at the training rank
+    "replica",  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
+    "no join key",  # neither a request id nor a prompt hash
+    "dump unreadable",  # its dump.json is missing or unreadable (named on stderr)
+    "no counterpart",  # nothing on the other side carries its key
+)
+# When several dumps of one request each fail, the reason reported is the one nearest to a pair.
+_NEAREST = ("dump unreadable", "not dumped", "multi-request step", "not a full prefill")
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    step: GenStep
+    row: GenRow
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.step.log, self.step.line)
+
+
+@dataclass
+class Result:
+    """What one ``align`` run found."""
+
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    train_total: int = 0
+    generate_total: int = 0
+    train_unpaired: Counter = field(default_factory=Counter)
+    generate_unpaired: Counter = field(default_factory=Counter)
+    problems: int = 0  # bad log lines and unreadable dumps, each reported on stderr
+
+
+class Aligner:
+    """One join of training logs with dispatch logs; ``out_dir`` is the pairs file's folder."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        backend: str = "fsdp",
+        config_request_ids: frozenset[str] = frozenset(),
+    ) -> None:
+        self.out_dir = os.path.abspath(out_dir)
+        self.backend = backend
+        self.config_request_ids = config_request_ids
+        self.result = Result()
+        self._trains: list[TrainDump] = []
+        self._prefill_steps: list[GenStep] = []
+        self._by_base: dict[str, list[_Candidate]] = {}
+        self._by_hash: dict[str, list[_Candidate]] = {}
+        self._seen_bases: set[str] = set()
+        self._seen_hashes: set[str] = set()
+        self._train_identities: dict[str, set[Any]] = {}
+        self._tokens: dict[str, int | None] = {}
+        self._unreadable: set[str] = set()
+        self._readable: set[str] = set()
+        self._used: set[tuple[str, int]] = set()
+        # Why a generate dump did not pair with the training dump that wanted it.
+        self._refused: dict[tuple[str, int], str] = {}
+        self._paired_requests: set[str] = set()
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def warn(self, message: str) -> None:
+        self.result.problems += 1
+        logger().warning("align: %s", message)
+
+    def read(self, train_logs: list[str], dispatch_logs: list[str]) -> None:
+        for path in train_logs:
+            for dump in read_training(path, self.warn):
+                self._trains.append(dump)
+                if dump.prompt_hash is not None:
+                    self._train_identities.setdefault(dump.prompt_hash, set()).add(dump.identity)
+        for path in dispatch_logs:
+            for step in read_dispatch(path, self.warn):
+                self._index(step)
+
+    def _index(self, step: GenStep | DecodeStep) -> None:
+        if isinstance(step, DecodeStep):
+            self._seen_bases.update(step.bases)
+            self._seen_hashes.update(step.hashes)
+            if step.dumped is not False:
+                self.result.generate_total += 1
+                self.result.generate_unpaired["decode only"] += 1
+            return
+        self._prefill_steps.append(step)
+        for row in step.rows:
+            if row.base is not None:
+                self._seen_bases.add(row.base)
+            if row.prompt_hash is not None:
+                self._seen_hashes.add(row.prompt_hash)
+            if not row.prefill:
+                continue
+            candidate = _Candidate(step, row)
+            if row.base is not None:
+                self._by_base.setdefault(row.base, []).append(candidate)
+            if row.prompt_hash is not None:
+                self._by_hash.setdefault(row.prompt_hash, []).append(candidate)
+
+    # --- dumps ---------------------------------------------------------------------------------
+
+    def _train_dump(self, dump: TrainDump) -> str:
+        # {actor dump_path}/step{N}/rank{R}/dump.json, its log at {actor dump_path}/{pid}/
+        return dump_path(os.path.dirname(os.path.dirname(dump.log)), dump.step, dump.rank, dump.pid)
+
+    def _generate_dump(self, step: GenStep) -> str:
+        # Next to its dispatch log: {generate dump_path}/{pid}/step{N}/rank{R}/dump.json
+        return dump_path(os.path.dirname(step.log), step.step, step.rank, step.pid)
+
+    def _is_readable(self, path: str) -> bool:
+        if path in self._readable:
+            return True
+        if path in self._unreadable:
+            return False
+        try:
+            check_readable(path)
+        except DumpUnreadable as exc:
+            self._unreadable.add(path)
+            self.warn(str(exc))
+            return False
+        self._readable.add(path)
+        return True
+
+    def _token_count(self, path: str) -> int | None:
+        """The dump's embedding token count; None when unknown (no embedding entry, unreadable)."""
+        if path not in self._tokens:
+            try:
+                self._tokens[path] = embedding_tokens(path)
+            except DumpUnreadable as exc:
+                self._tokens[path] = None
+                if path not in self._unreadable:
+                    self._unreadable.add(path)
+                    self.warn(str(exc))
+        return self._tokens[path]
+
+    # --- the generate side of one candidate ---------------------------------------------------
+
+    def _filtered(self, step: GenStep, row: GenRow) -> bool:
+        """A packed step whose dump msprobe's ``request_id`` filter cut to ``row``'s request."""
+        if self.config_request_ids & {row.request_id, row.base}:
+            return True
+        if row.tokens is None or sum(1 for r in step.rows if r.tokens == row.tokens) > 1:
+            return False  # the dumped count could be any of several rows'
+        return self._token_count(self._generate_dump(step)) == row.tokens
+
+    def _verdict(self, candidate: _Candidate, prompt_len: int | None) -> str | None:
+        """None if ``candidate`` can be paired with a training prompt of ``prompt_len`` tokens, else why not."""
+        step, row = candidate.step, candidate.row
+        if step.dumped is False:
+            return "not dumped"
+        if row.full is False:
+            return "not a full prefill"
+        path = self._generate_dump(step)
+        if not self._is_readable(path):
+            return "dump unreadable"
+        single = len(step.rows) == 1
+        if row.full is None:  # the recipe's log: full when it holds exactly the training prompt
+            held = self._token_count(path) if single else row.tokens
+            if prompt_len is None or held != prompt_len:
+                return "not a full prefill"
+        if not single and not self._filtered(step, row):
+            return "multi-request step"
+        return None
+
+    # --- the join ------------------------------------------------------------------------------
+
+    def _hash_ambiguous(self, dump: TrainDump, candidates: list[_Candidate]) -> bool:
+        """Whether the prompt hash points at more than one request, on either side."""
+        if len(self._train_identities.get(dump.prompt_hash, ())) > 1:
+            return True
+        ids = {c.row.base for c in candidates if c.row.base is not None}
+        if ids and (dump.request_base is not None or len(ids) > 1):
+            return True  # ids on the inference side that the training side does not share
+        per_rank = Counter(c.step.rank for c in candidates)  # id-less rows: one per request and rank
+        return not ids and any(n > 1 for n in per_rank.values())
+
+    def _lookup(self, dump: TrainDump) -> tuple[str, str, list[_Candidate]] | str:
+        """(rule, key, the prefill rows of that key) for one training sample, or why there are none."""
+        base = dump.request_base
+        if base is not None and base in self._seen_bases:
+            return "request_id", base, self._by_base.get(base, [])
+        if dump.prompt_hash is not None and dump.prompt_hash in self._seen_hashes:
+            candidates = self._by_hash.get(dump.prompt_hash, [])
+            if self._hash_ambiguous(dump, candidates):
+                self._refused.update((c.key, "ambiguous hash") for c in candidates)
+                return "ambiguous hash"
+            return "prompt_hash", dump.prompt_hash, candidates
+        return "no join key" if base is None and dump.prompt_hash is None else "no counterpart"
+
+    def match(self, dump: TrainDump) -> dict[str, Any] | str:
+        """The pair of one training dump, or the reason it has none."""
+        if dump.samples == 0:
+            return "no join key"
+        if dump.samples > 1:
+            return "multi-request step"
+        if not dump.prompt_only:
+            return "not prompt-only"
+        train_path = self._train_dump(dump)
+        readable = self._is_readable(train_path)
+        found = self._lookup(dump)
+        if not readable:  # its counterparts, if any, stay unpaired for the same reason
+            if not isinstance(found, str):
+                for candidate in found[2]:
+                    self._refused.setdefault(candidate.key, "dump unreadable")
+            return "dump unreadable"
+        if isinstance(found, str):
+            return found
+        rule, key, candidates = found
+        if not candidates:
+            return "decode only"  # the key is in the logs, in decode rows only
+        prompt_len = dump.prompt_len
+        if prompt_len is None and any(c.row.full is None for c in candidates):
+            prompt_len = self._token_count(train_path)
+        good, failed = [], set()
+        for candidate in candidates:
+            verdict = self._verdict(candidate, prompt_len)
+            if verdict is None:
+                good.append(candidate)
+            else:
+                failed.add(verdict)
+                self._refused.setdefault(candidate.key, verdict)
+        if not good:
+            return next(reason for reason in _NEAREST if reason in failed)
+        same = [c for c in good if c.step.rank == dump.rank]
+        if same:
+            pool, rank_rule = same, "same"
+        elif self.backend == "fsdp":
+            lowest = min(-1 if c.step.rank is None else c.step.rank for c in good)
+            pool, rank_rule = [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest], "fsdp_any"
+        else:
+            self._refused.update((c.key, "other ranks only") for c in good)
+            return "other ranks only"
+        # A step holding this request alone first, then the earliest.
+        chosen = min(pool, key=lambda c: (len(c.step.rows) > 1, c.step.pid or 0, c.step.step))
+        self._used.add(chosen.key)
+        self._paired_requests.add(chosen.row.base or key)
+        if prompt_len is None:
+            prompt_len = chosen.row.prompt_len if chosen.row.prompt_len is not None else chosen.row.tokens
+        return self._pair(dump, train_path, chosen, rule, key, rank_rule, prompt_len)
+
+    def _path(self, path: str) -> str:
+        """Relative to the pairs file's folder when under it (moves with it), else absolute."""
+        path = os.path.abspath(path)
+        if os.path.commonpath([path, self.out_dir]) == self.out_dir:
+            return os.path.relpath(path, self.out_dir)
+        return path
+
+    def _pair(
+        self,
+        dump: TrainDump,
+        train_path: str,
+        chosen: _Candidate,
+        rule: str,
+        key: str,
+        rank_rule: str,
+        prompt_len: int | None,
+    ) -> dict[str, Any]:
+        step, row = chosen.step, chosen.row
+        return {
+            "pair": len(self.result.pairs),
+            "rule": rule,
+            "key": key,
+            "prompt_len": prompt_len,
+            "rank_rule": rank_rule,
+            "train": {
+                "dump": self._path(train_path),
+                "step": dump.step,
+                "rank": dump.rank,
+                "pid": dump.pid,
+                "log": self._path(dump.log),
+                "line": dump.line,
+                "global_step": dump.global_step,
+                "micro_batch": dump.micro_batch,
+                "sample": dump.index,
+                "uid": dump.uid,
+                "request_id": dump.request_id,
+                "format": "recipe" if dump.recipe else "msprobe-hooks",
+            },
+            "generate": {
+                "dump": self._path(self._generate_dump(step)),
+                "step": step.step,
+                "rank": step.rank,
+                "pid": step.pid,
+                "log": self._path(step.log),
+                "line": step.line,
+                "engine": step.engine,
+                "request_id": row.request_id,
+                "filtered": len(step.rows) > 1,
+                "num_requests": len(step.rows),
+                "offset": row.offset,
+                "tokens": row.tokens,
+                "format": "recipe" if step.recipe else "msprobe-hooks",
+            },
+        }
+
+    def _generate_reason(self, step: GenStep) -> str:
+        refused = self._refused.get((step.log, step.line))
+        if refused is not None:
+            return refused
+        if self._generate_dump(step) in self._unreadable:
+            return "dump unreadable"
+        fulls = [row for row in step.rows if row.full is not False]
+        if not fulls:
+            return "not a full prefill"
+        if len(step.rows) > 1 and not any(self._filtered(step, row) for row in fulls):
+            return "multi-request step"
+        if any((row.base or row.prompt_hash) in self._paired_requests for row in fulls):
+            return "replica"
+        return "no counterpart"
+
+    def run(self) -> Result:
+        result = self.result
+        for dump in self._trains:
+            result.train_total += 1
+            outcome = self.match(dump)
+            if isinstance(outcome, str):
+                result.train_unpaired[outcome] += 1
+            else:
+                result.pairs.append(outcome)
+        for step in self._prefill_steps:
+            if step.dumped is False:
+                continue
+            result.generate_total += 1
+            if (step.log, step.line) not in self._used:
+                result.generate_unpaired[self._generate_reason(step)] += 1
+        return result
+
+
+# --- the command -------------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("train_dir", help="the training dump root (the actor config's dump_path)")
     parser.add_argument("generate_dir", help="the inference dump root (the generate config's dump_path)")
     parser.add_argument("-o", "--output", default="pairs.jsonl", help="the pairs file to write (default pairs.jsonl)")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="fsdp",
+        help="the training engine, for the rank mapping: fsdp (default) pairs with the equal generate rank, "
+        "else the lowest; megatron only with the equal rank",
+    )
+    parser.add_argument(
+        "--generate-config",
+        metavar="CONFIG_JSON",
+        help="the inference msprobe config.json; a request_id in its task section marks packed steps "
+        "holding that request as cut to it",
+    )
+
+
+def config_request_ids(path: str) -> frozenset[str]:
+    """The request ids of an msprobe config's ``request_id`` filter (its task section); ValueError if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except OSError as exc:
+        raise ValueError(f"--generate-config {path}: cannot read it ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--generate-config {path}: not JSON ({exc.msg}); expected an msprobe config.json") from None
+    section = config.get(config.get("task", "statistics")) if isinstance(config, dict) else None
+    value = section.get("request_id") if isinstance(section, dict) else None
+    if value is None:
+        return frozenset()
+    return frozenset(str(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def unpaired_table(result: Result) -> str:
+    """The unpaired dumps of both sides, by reason, as text."""
+    import pandas as pd
+
+    reasons = [r for r in REASONS if result.train_unpaired[r] or result.generate_unpaired[r]]
+    frame = pd.DataFrame(
+        {
+            "training dumps": [result.train_unpaired[r] for r in reasons],
+            "generate dumps": [result.generate_unpaired[r] for r in reasons],
+        },
+        index=reasons,
+    )
+    return frame.to_string()
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError("align")
+    def fail(message: str) -> int:
+        print(f"msprobe-hooks align: {message}", file=sys.stderr)
+        return 2
+
+    found = {}
+    for name, root, filename, what in (
+        ("TRAIN_DIR", args.train_dir, TRAINING_LOG, "the actor config's dump_path"),
+        ("GENERATE_DIR", args.generate_dir, DISPATCH_LOG, "the generate config's dump_path"),
+    ):
+        if not os.path.isdir(root):
+            return fail(f"{name} {root!r} is not a directory; expected {what}")
+        found[name] = find_logs(root, filename)
+        if not found[name]:
+            return fail(f"{name} {root!r} holds no {{pid}}/{filename}; expected {what}")
+    try:
+        ids = config_request_ids(args.generate_config) if args.generate_config else frozenset()
+    except ValueError as exc:
+        return fail(str(exc))
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    aligner = Aligner(out_dir, args.backend, ids)
+    aligner.read(found["TRAIN_DIR"], found["GENERATE_DIR"])
+    result = aligner.run()
+    os.makedirs(out_dir, exist_ok=True)
+    pairs_file.write(result.pairs, args.output)
+    rules = Counter(pair["rule"] for pair in result.pairs)
+    by_rule = ", ".join(f"{rule}: {rules[rule]}" for rule in pairs_file.RULES if rules[rule])
+    print(
+        f"align: {len(result.pairs)} pairs{f' ({by_rule})' if by_rule else ''} from {result.train_total} "
+        f"training dumps and {result.generate_total} generate dumps -> {args.output}"
+    )
+    if result.train_unpaired or result.generate_unpaired:
+        print("unpaired, by reason:")
+        print(unpaired_table(result))
+    if result.problems:
+        print(f"{result.problems} bad log lines or dump files, each named above on stderr")
+    if not result.pairs:
+        why = ", ".join(f"{n} {reason}" for reason, n in result.train_unpaired.most_common())
+        why = f"of {result.train_total} training dumps: {why}" if why else "the training logs list no dump"
+        print(f"msprobe-hooks align: nothing paired ({why}); docs/analysis.md says what a pair needs", file=sys.stderr)
+        return 1
+    return 0

@@ -2,7 +2,7 @@
 
 The training side is one run of verl's real FSDP2 engine on CPU with ``DUMP_ON=1 PROMPTS_ONLY=1``
 (the README demo: four prompt-only dumps, request ids ``req-uid-0`` … ``req-uid-3``). The inference
-side is built per test: dispatch-log lines from the real ``dispatch_log.step_record``, and
+side is built per test: dispatch-log lines from the real ``dispatch_log.step_line``, and
 ``dump.json`` files written by real msprobe on a toy model whose embedding is named as vLLM's
 (``model.embed_tokens.VocabParallelEmbedding``, input ``[T]``), one per token count. The real vLLM
 engine's end-to-end pair is a separate test.
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, clean_env
+from dispatch_lines import step_record
 
 from msprobe_hooks.analysis import logs
 from msprobe_hooks.analysis import pairs as pairs_file
-from msprobe_hooks.dispatch_log import ScheduledRequest, step_record
+from msprobe_hooks.dispatch_log import ScheduledRequest
 from msprobe_hooks.records import prompt_hash
 
 sys.path.insert(0, str(REPO / "examples"))

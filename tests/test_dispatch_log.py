@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
+
+from dispatch_lines import step_record
 
 from msprobe_hooks import dispatch_log
 from msprobe_hooks.dispatch_log import (
@@ -18,11 +19,6 @@ from msprobe_hooks.dispatch_log import (
     step_line,
 )
 from msprobe_hooks.records import prompt_hash
-
-
-def step_record(**fields) -> dict:
-    """A dispatch-log line as read back."""
-    return json.loads(step_line(**fields))
 
 
 def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
+from dispatch_lines import step_record
 
 from msprobe_hooks import patching, records
-from msprobe_hooks.dispatch_log import step_line
 from msprobe_hooks.patches import sglang_forward_batch, sglang_model_runner
 from msprobe_hooks.patches.sglang_forward_batch import REQUESTS_ATTR, RequestIdentity, identities
-
-
-def step_record(**fields) -> dict:
-    return json.loads(step_line(**fields))
 
 
 def batch_requests(batch):

@@ -171,6 +171,7 @@ def test_vllm_0_11_samples_in_execute_model_and_keeps_ids(tmp_path):
         ("0.23.0", "0", True),
         ("0.33.1.dev12+g0123abc", None, True),
         (None, None, True),
+        (None, "1", False),  # version unknown: the opt-out still counts
     ],
 )
 def test_which_vllm_versions_suffix_request_ids(version, opt_out, expected):

@@ -10,20 +10,27 @@ that fixes it.
 The same rules run in two places: inside the job (patch ``verl.preflight``, once verl has composed
 the config, before Ray starts) and on demand (``msprobe-hooks preflight``). ``docs/preflight.md``
 lists every rule; a test keeps it in step with :data:`RULES`.
+
+omegaconf is imported where a config is read, not here: it comes with verl, not with
+msprobe-hooks, and the CLI's parser and ``recipe`` use this module's names in environments
+without verl (an inference-only container, an analysis laptop).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING
 
 from . import prompts_only
 from .config import Config, read_msprobe_config
 from .contracts import module_version
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 ROLLOUT_BACKENDS = ("vllm-ascend", "vllm", "sglang")
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
@@ -97,6 +104,8 @@ class Run:
     rollout_backend: str
 
     def get(self, key: str) -> object:
+        from omegaconf import OmegaConf
+
         try:
             return OmegaConf.select(self.config, key, default=ABSENT, throw_on_missing=False)
         except Exception as exc:  # a broken interpolation: report it on the key, check the rest
@@ -275,6 +284,8 @@ def _native_debugger(run: Run) -> list[Wrong]:
 
 
 def _is_interpolation(config: DictConfig, parent: str, leaf: str) -> bool:
+    from omegaconf import DictConfig, OmegaConf
+
     node = OmegaConf.select(config, parent, default=None, throw_on_missing=False)
     return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_interpolation(node, leaf)
 
@@ -509,6 +520,8 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
     """
     if explicit:
         return explicit
+    from omegaconf import OmegaConf
+
     name = OmegaConf.select(config, f"{ROLLOUT}.name", default=None, throw_on_missing=False)
     if name is None:
         return "unset"
@@ -520,6 +533,8 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
 
 def is_ppo_config(config: object) -> bool:
     """Whether ``config`` looks like a verl PPO config (the SFT and eval entry points share the device hook)."""
+    from omegaconf import DictConfig, OmegaConf
+
     return isinstance(config, DictConfig) and OmegaConf.select(config, ROLLOUT, default=None) is not None
 
 
@@ -572,11 +587,20 @@ def command(
     count as environment, as they would for the job.
     """
     from . import config as config_module
-    from .verl_config import ConfigSourceError, from_command, from_file
 
     words = source[1:] if source[:1] == ["--"] else source
     if not words:
         out("msprobe-hooks preflight: error: give a verl config file, or -- and a launch command")
+        return 2
+    try:  # verl's config stack, which verl brings along; the commands that need only the rule names run without it
+        import hydra  # noqa: F401  (composing a primary config or a launch command)
+
+        from .verl_config import ConfigSourceError, from_command, from_file
+    except ModuleNotFoundError as exc:
+        out(
+            f"msprobe-hooks preflight: error: reading a verl config needs verl's config stack (omegaconf, "
+            f"hydra-core), which {sys.executable} cannot import ({exc}); run preflight where verl is installed"
+        )
         return 2
     environ = dict(os.environ)
     try:

@@ -209,3 +209,55 @@ def test_ray_env_output_reads_into_a_bash_array_as_the_user_guide_shows(tmp_path
         '++ray_kwargs.ray_init.runtime_env.env_vars.DUMP_ON="1"',
         f'++ray_kwargs.ray_init.runtime_env.env_vars.MSPROBE_HOOKS_OUTPUT_DIR="{tmp_path / "msprobe_dump"}"',
     ]
+
+
+# Every command with the declared dependencies alone (wrapt, packaging, mindstudio-probe): verl's
+# stack and torch are made unimportable, as in an inference-only container or an analysis laptop.
+WITHOUT_VERL = """
+import sys
+
+class Blocked:
+    TOP = ("omegaconf", "hydra", "verl", "torch")
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.TOP:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocked())
+from msprobe_hooks import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["shim-path"],
+        ["env"],
+        ["run", "--", sys.executable, "-c", "pass"],
+        ["ray-env", "--format", "json"],
+        ["doctor"],
+        ["recipe", "--backend", "fsdp", "--gpus", "8", "--rollout", "vllm"],
+        ["preflight", "--help"],
+        ["align", "--help"],
+        ["compare", "--help"],
+    ],
+)
+def test_every_command_runs_without_verl_s_config_stack(argv, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VERL, *argv], env=clean_env(), cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_preflight_of_a_config_without_verl_s_config_stack_says_so_in_one_line(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("trainer: {}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VERL, "preflight", str(config)], env=clean_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "verl's config stack" in lines[0] and "omegaconf" in lines[0], lines

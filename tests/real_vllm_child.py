@@ -9,8 +9,9 @@ The scenario (JSON): ``model`` (a model folder), ``engine`` (keyword arguments o
 over the test defaults below), ``waves`` (lists of requests ``{"id", "prompt", "max_tokens"}``:
 the requests of a wave are added together and run until all are finished, then the next wave
 starts) and ``rounds`` (generations of all the waves, 1 by default). With ``serve: true`` the child
-instead prints ``ready`` once the engine is up, then runs one generation per ``go`` line read from
-stdin and prints its wall time in seconds (the benchmark's interleaving).
+instead prints ``SERVE ready`` once the engine is up, then runs one generation per ``go`` line read
+from stdin and prints ``SERVE <wall seconds>`` (the benchmark's interleaving; vLLM logs to stdout
+too, hence the prefix).
 
 The report (JSON): ``outputs`` (client id -> generated token ids, of the last round), ``steps`` (the
 number of ``LLMEngine.step()`` calls that returned, one per engine-core step) and ``pid``.
@@ -23,6 +24,7 @@ import os
 import sys
 import time
 
+SERVE = "SERVE"
 ENGINE_DEFAULTS = {
     "enforce_eager": True,
     "dtype": "float32",
@@ -58,13 +60,13 @@ def main(scenario_path: str, report_path: str) -> None:
     llm = LLM(model=scenario["model"], **{**ENGINE_DEFAULTS, **scenario.get("engine", {})})
     engine = llm.llm_engine
     if scenario.get("serve"):
-        print("ready", flush=True)
+        print(f"{SERVE} ready", flush=True)
         for line in sys.stdin:
             if line.strip() != "go":
                 break
             began = time.perf_counter()
             generate(engine, scenario["waves"])
-            print(f"{time.perf_counter() - began:.6f}", flush=True)
+            print(f"{SERVE} {time.perf_counter() - began:.6f}", flush=True)
         return
     for _ in range(scenario.get("rounds", 1)):
         outputs, steps = generate(engine, scenario["waves"])

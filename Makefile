@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # CPU torch, pinned: it installs from local disk; an unpinned torch would pull GBs of CUDA wheels.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test bench docs clean
+.PHONY: install demo test bench docs clean chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: install
 	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
 		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
 
-test: install
+# Headless Chromium renders the compare report in tests/test_compare.py (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

@@ -112,8 +112,14 @@ def read_side(path: str) -> Side:
                     tensors[key] = held = SideTensor(order, alias)
                 elif held.alias != alias or mapped.part is None or mapped.part in held.parts:
                     if not alias:
-                        skipped.append({"order": order, "name": dumped, "reason": "a second tensor for the same "
-                                        f"key ({module} {io}; first: {held.name})", "tensor": mapped.tensor})
+                        skipped.append(
+                            {
+                                "order": order,
+                                "name": dumped,
+                                "reason": f"a second tensor for the same key ({module} {io}; first: {held.name})",
+                                "tensor": mapped.tensor,
+                            }
+                        )
                     continue
                 held.parts[mapped.part] = (dumped, mapped.tensor)
     last = f"layers.{names.LAST_LAYER}"
@@ -185,7 +191,9 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
             "generate_name": g_held.name if g_held else "",
         }
         if t_held is None or g_held is None:
-            row.update(status=UNMATCHED, reason=f"no counterpart on the {'inference' if g_held is None else 'training'} side")
+            row.update(
+                status=UNMATCHED, reason=f"no counterpart on the {'inference' if g_held is None else 'training'} side"
+            )
             rows.append(row)
             continue
         (t_stats, t_why), (g_stats, g_why) = _stats(t_held, module), _stats(g_held, module)
@@ -197,7 +205,8 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
         )
         why = t_why or g_why
         if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
-            why = f"shapes differ ({row['train_shape']} vs {row['generate_shape']}): sharded differently (tensor parallelism)?"
+            shapes = f"{row['train_shape']} vs {row['generate_shape']}"
+            why = f"shapes differ ({shapes}): sharded differently by tensor parallelism?"
         if why:
             row.update(status=NOT_COMPARABLE, reason=why)
             rows.append(row)

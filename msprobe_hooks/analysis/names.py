@@ -87,8 +87,7 @@ REASONS = {
     "head": "logits: msprobe skips lm_head under verl, and the inference engine computes the last token only",
     "parameter": "parameter: inference engines prepack or shard weights (vLLM CPU leaves .weight empty); "
     "a weight change shows in the activations",
-    "fused_norm_input": "fused-residual norm input: the sublayer output and the residual apart; "
-    "the stream is output 1",
+    "fused_norm_input": "fused-residual norm input: the sublayer output and the residual apart; the stream is output 1",
     "layer_split_output": "(sublayer output, residual) apart: the stream is their sum, compared at the next norm's "
     "output 1",
     "layer_input": "the stream entering the layer: compared as its input_layernorm input",
@@ -251,7 +250,10 @@ def map_entry(name: ModuleName, entry: Mapping[str, Any]) -> Iterator[Mapped]:
             yield Mapped(*outputs[0], keys=[(module, "output")])
         yield from none(outputs[1:], "attn_weights")
         return
-    aliases = {"o_proj": (f"layers.{layer}.self_attn.attn", "output"), "down_proj": (f"layers.{layer}.mlp.act_fn", "output")}
+    aliases = {
+        "o_proj": (f"layers.{layer}.self_attn.attn", "output"),
+        "down_proj": (f"layers.{layer}.mlp.act_fn", "output"),
+    }
     if leaf in aliases and inputs:  # the linear's input is the sublayer's output that inference engines dump apart
         yield Mapped(*inputs[0], keys=[(module, "input"), aliases[leaf]])
         yield from _plain(module, inputs[1:], kwargs, outputs, first_input=False)
@@ -259,9 +261,7 @@ def map_entry(name: ModuleName, entry: Mapping[str, Any]) -> Iterator[Mapped]:
     yield from _plain(module, inputs, kwargs, outputs)
 
 
-def _plain(
-    module: str, inputs: list, kwargs: list, outputs: list, first_input: bool = True
-) -> Iterator[Mapped]:
+def _plain(module: str, inputs: list, kwargs: list, outputs: list, first_input: bool = True) -> Iterator[Mapped]:
     """Input 0 and output 0 as ``input``/``output``; a known module's other tensors are not activations."""
     known = module in ("embed_tokens", "norm") or module.startswith("layers.")
     if not known:  # a module the map does not know: matched by identical path and position only

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import COMPARED, DIVERGES, FAILED, NO_DIVERGENCE, NOTHING_COMPARED
+from .compare import COMPARED, DIVERGES, FAILED, NO_DIVERGENCE, NOT_COMPARABLE, NOTHING_COMPARED
 
 PLOT = "error_by_depth.png"
 # Columns of modules.csv, in this order (a row lacks what its status does not have).
@@ -42,7 +42,8 @@ def overall(results: Sequence[dict[str, Any]], threshold: float) -> str:
     measured = [r for r in results if r.get("max_error") is not None]
     if measured:
         worst = max(measured, key=lambda r: r["max_error"])
-        return f"{NO_DIVERGENCE} {threshold:g} (largest error {worst['max_error']:.3g} at {worst['max_module']}, pair {worst['pair']})"
+        where = f"{worst['max_module']}, pair {worst['pair']}"
+        return f"{NO_DIVERGENCE} {threshold:g} (largest error {worst['max_error']:.3g} at {where})"
     return f"{NOTHING_COMPARED}: no tensor of any pair could be compared"
 
 
@@ -58,7 +59,9 @@ def summary_lines(results: Sequence[dict[str, Any]], threshold: float) -> list[s
                 f"(error {r['first_error']:.3g}); {r['compared']} compared, {r['unmatched']} unmatched"
             )
         else:
-            largest = f"largest error {r['max_error']:.3g} at {r['max_module']}; " if r.get("max_error") is not None else ""
+            largest = (
+                f"largest error {r['max_error']:.3g} at {r['max_module']}; " if r.get("max_error") is not None else ""
+            )
             lines.append(
                 f"  pair {r['pair']} ({r['key']}): {r['verdict']}; {largest}{r['compared']} compared, "
                 f"{r['unmatched']} unmatched"
@@ -100,7 +103,7 @@ def plot(rows: Any, results: Sequence[dict[str, Any]], threshold: float, path: s
     axes.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
     ticks: dict[str, int] = {}
     for order, layer, module in compared.sort_values("order")[["order", "layer", "module"]].itertuples(index=False):
-        label = f"L{int(layer)}" if layer is not None and not math.isnan(layer) else module
+        label = f"L{int(layer)}" if layer is not None and not math.isnan(layer) else module.split("_")[0]
         ticks.setdefault(label, positions[order])
     axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
     axes.set_yscale("log")
@@ -151,7 +154,9 @@ def write(folder: str, results: Sequence[dict[str, Any]], rows: Sequence[dict[st
         png = base64.b64encode(image.read()).decode()
     details = []
     for r in sorted(results, key=lambda r: r["pair"]):
-        mine = table[table["pair"] == r["pair"]].dropna(axis=1, how="all").drop(columns=["pair"])
+        # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
+        shown = (table["pair"] == r["pair"]) & (table["status"] != NOT_COMPARABLE)
+        mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"])
         details.append(
             f"<details><summary>pair {r['pair']} ({html.escape(str(r['key']))}): {html.escape(r['verdict'])}"
             f"</summary><p>training: <code>{html.escape(r['train_dump'])}</code><br>inference: "
@@ -170,7 +175,8 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 <img id="plot" alt="error by depth" src="data:image/png;base64,{png}">
 <h2>Pairs</h2>
 {pair_table[PAIR_COLUMNS].to_html(index=False, na_rep="")}
-<h2>Every tensor, per pair</h2>
+<h2>Compared and unmatched tensors, per pair</h2>
+<p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}
 <p>Files: <a href="summary.md">summary.md</a>, <a href="modules.csv">modules.csv</a>, <a href="pairs.csv">pairs.csv</a>,
 <a href="{PLOT}">{PLOT}</a>.</p>

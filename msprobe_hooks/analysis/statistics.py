@@ -88,7 +88,7 @@ def fuse(parts: Sequence[Stats]) -> Stats:
         dtype=first.dtype if all(p.dtype == first.dtype for p in parts) else "mixed",
         max=max(maxes) if maxes else None,
         min=min(mins) if mins else None,
-        mean=sum(m * p.numel for m, p in zip(means, parts)) / total if means and total else None,
+        mean=sum(m * p.numel for m, p in zip(means, parts, strict=True)) / total if means and total else None,
         norm=math.sqrt(sum(n * n for n in norms)) if norms else None,
     )
 
@@ -107,7 +107,9 @@ def relative_error(train: float | None, generate: float | None) -> float | None:
 
 def statistic_errors(train: Stats, generate: Stats) -> dict[str, float | None]:
     """The relative error of each statistic, keyed ``max``, ``min``, ``mean``, ``norm``."""
-    return {name: relative_error(getattr(train, name), getattr(generate, name)) for name in ("max", "min", "mean", "norm")}
+    return {
+        name: relative_error(getattr(train, name), getattr(generate, name)) for name in ("max", "min", "mean", "norm")
+    }
 
 
 def thresholded_error(errors: Mapping[str, float | None]) -> float | None:

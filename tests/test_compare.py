@@ -236,3 +236,48 @@ def test_report_files_and_the_plot_in_chromium(l0_perturbed, tmp_path):
     # matplotlib's first line colour (tab:blue) appears only if the embedded plot was decoded and drawn
     blue = int((numpy.abs(pixels - (31, 119, 180)).max(axis=-1) < 30).sum())
     assert blue > 200, f"the plot is not shown ({blue} plot-coloured pixels); screenshot: {shot}"
+
+
+def test_tensor_parallel_shards_are_not_comparable(l0, tmp_path):
+    """An inference rank holding half of a column-parallel output (TP 2 against unsharded training)."""
+    (pair, *_) = pairs.read(str(l0[0]))
+    generate = json.loads(Path(pair["generate"]["dump"]).read_text())
+    qkv = generate["data"]["Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0"]
+    qkv["output"][0]["shape"][-1] //= 2
+    o_proj = generate["data"]["Module.model.layers.0.self_attn.o_proj.RowParallelLinear.forward.0"]
+    o_proj["input_args"][0]["shape"][-1] //= 2
+    (tmp_path / "gen.json").write_text(json.dumps(generate))
+    pairs.write([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
+    _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
+    sharded = rows[rows["reason"].fillna("").str.startswith("shapes differ")]
+    assert sorted(zip(sharded["module"], sharded["io"], strict=True)) == [
+        ("layers.0.self_attn.o_proj", "input"),
+        ("layers.0.self_attn.qkv_proj", "output"),
+    ]
+    assert set(sharded["status"]) == {compare.NOT_COMPARABLE}
+    assert results.iloc[0]["compared"] == COMPARED_PER_PAIR - 2
+    assert results.iloc[0]["verdict"] == compare.NO_DIVERGENCE
+
+
+def test_bad_input_one_line_and_partial_results(l0, tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "msprobe_hooks", "compare", *args, "-o", str(tmp_path / "out")]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    missing = cli(str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 2 and "nope.jsonl" in missing.stderr and len(missing.stderr.splitlines()) == 1
+    bad = cli(str(l0[0]), "--threshold", "-1")
+    assert bad.returncode == 2 and "--threshold -1" in bad.stderr
+    (tmp_path / "broken.jsonl").write_text('{"pair": 0}\n')
+    broken = cli(str(tmp_path / "broken.jsonl"))
+    assert broken.returncode == 2 and "broken.jsonl:1" in broken.stderr and "train.dump" in broken.stderr
+    (pair, second, *_) = pairs.read(str(l0[0]))
+    lost = {**pair, "generate": {**pair["generate"], "dump": str(tmp_path / "gone.json")}}
+    pairs.write([lost, second], str(tmp_path / "partial.jsonl"))
+    partial = cli(str(tmp_path / "partial.jsonl"))
+    assert partial.returncode == 1
+    assert (
+        f"pair {pair['pair']}: {compare.FAILED}: cannot read a dump" in partial.stdout and "gone.json" in partial.stdout
+    )
+    results = pandas.read_csv(tmp_path / "out" / "pairs.csv")
+    assert list(results["verdict"]) == [compare.FAILED, compare.NO_DIVERGENCE]

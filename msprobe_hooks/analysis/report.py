@@ -156,11 +156,12 @@ def write(folder: str, results: Sequence[dict[str, Any]], rows: Sequence[dict[st
     for r in sorted(results, key=lambda r: r["pair"]):
         # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
         shown = (table["pair"] == r["pair"]) & (table["status"] != NOT_COMPARABLE)
-        mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"])
+        mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
+        body = html.escape(r["message"]) if r["verdict"] == FAILED else mine.to_html(index=False, na_rep="")
         details.append(
             f"<details><summary>pair {r['pair']} ({html.escape(str(r['key']))}): {html.escape(r['verdict'])}"
             f"</summary><p>training: <code>{html.escape(r['train_dump'])}</code><br>inference: "
-            f"<code>{html.escape(r['generate_dump'])}</code></p>{mine.to_html(index=False, na_rep='', classes='rows')}"
+            f"<code>{html.escape(r['generate_dump'])}</code></p>{body}"
             "</details>"
         )
     page = f"""<!DOCTYPE html>

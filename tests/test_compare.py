@@ -281,3 +281,46 @@ def test_bad_input_one_line_and_partial_results(l0, tmp_path):
     )
     results = pandas.read_csv(tmp_path / "out" / "pairs.csv")
     assert list(results["verdict"]) == [compare.FAILED, compare.NO_DIVERGENCE]
+
+
+def _scale(entry: dict, where: str, factor: float) -> None:
+    """Scale the max, min and norm that msprobe recorded for one tensor of an entry ("output.0", "input.0")."""
+    group, index = where.split(".")
+    tensor = entry["output" if group == "output" else "input_args"][int(index)]
+    for stat in ("Max", "Min", "Norm"):
+        tensor[stat] *= factor
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        # (entry of the vLLM dump, tensor, factor): the earliest in model order must be named
+        ([("model.embed_tokens.VocabParallelEmbedding", "output.0", 1.1)], "embed_tokens output"),
+        (
+            [("model.layers.0.self_attn.qkv_proj.QKVParallelLinear", "output.0", 1.03)],
+            "layers.0.self_attn.qkv_proj output",
+        ),
+        (
+            [("model.layers.3.mlp.down_proj.RowParallelLinear", "output.0", 1.5),
+             ("model.layers.2.self_attn.o_proj.RowParallelLinear", "input.0", 1.05)],
+            "layers.2.self_attn.o_proj input",
+        ),
+        ([("model.norm.RMSNorm", "output.0", 1.1)], "norm output"),
+        ([("model.layers.1.mlp.down_proj.RowParallelLinear", "output.0", 1.01)], None),  # under the threshold
+    ],
+)  # fmt: skip
+def test_the_first_divergence_in_model_order(l0, tmp_path, changed, expected):
+    (pair, *_) = pairs.read(str(l0[0]))
+    generate = json.loads(Path(pair["generate"]["dump"]).read_text())
+    for module, where, factor in changed:
+        _scale(generate["data"][f"Module.{module}.forward.0"], where, factor)
+    (tmp_path / "gen.json").write_text(json.dumps(generate))
+    pairs.write([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
+    _, results, _ = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
+    result = results.iloc[0]
+    if expected is None:
+        assert result["verdict"] == compare.NO_DIVERGENCE
+        assert result["max_error"] == pytest.approx(0.01 / 1.01, rel=1e-3)  # the largest error seen is reported
+    else:
+        assert result["verdict"] == compare.DIVERGES
+        assert f"{result['first_module']} {result['first_io']}" == expected

@@ -179,7 +179,7 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
     """One row per tensor of either side, in the training model's order (inference-only rows last)."""
     rows: list[dict[str, Any]] = []
     end = 2 * (max((t.order for t in train.tensors.values()), default=0) + 1)
-    for key in sorted(set(train.tensors) | set(generate.tensors), key=lambda k: _order(k, train, generate, end)):
+    for key in sorted(set(train.tensors) | set(generate.tensors), key=lambda k: (_order(k, train, generate, end), k)):
         module, io, call = key
         t_held, g_held = train.tensors.get(key), generate.tensors.get(key)
         row: dict[str, Any] = {
@@ -241,7 +241,7 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
                     f"{'train' if side is train else 'generate'}_shape": _shape_text(stats),
                 }
             )
-    rows.sort(key=lambda r: r["order"])
+    rows.sort(key=lambda r: r["order"])  # stable: keys of one tensor keep their sorted order
     return rows
 
 

@@ -324,3 +324,37 @@ def test_the_first_divergence_in_model_order(l0, tmp_path, changed, expected):
     else:
         assert result["verdict"] == compare.DIVERGES
         assert f"{result['first_module']} {result['first_io']}" == expected
+
+
+RAY_CLUSTER = """
+import sys
+import ray
+
+context = ray.init(num_cpus=2, include_dashboard=False)
+print(context.address_info["gcs_address"], flush=True)
+sys.stdin.read()  # until the test closes our stdin
+ray.shutdown()
+"""
+
+
+def test_ray_runs_the_pairs_on_an_existing_cluster(l0, tmp_path, ray_tmp):
+    from conftest import clean_env
+
+    # Ray 2.60 turns token authentication on for a new cluster; a second process would need its token.
+    env = clean_env(RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled")
+    cluster = subprocess.Popen(
+        [sys.executable, "-c", RAY_CLUSTER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        address = cluster.stdout.readline().strip()
+        assert address, "the Ray cluster did not start"
+        out = tmp_path / "report"
+        command = [sys.executable, "-m", "msprobe_hooks", "compare", str(l0[0]), "-o", str(out), "--ray", address]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results = pandas.read_csv(out / "pairs.csv")
+        assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
+        assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
+    finally:
+        cluster.stdin.close()
+        cluster.wait(timeout=120)

@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes comparing pairs (default: all cores)"
     )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the pairs as tasks on the existing Ray cluster at ADDRESS (host:port, or auto) instead of a "
+        "local pool; the dumps must be readable from its nodes (shared storage)",
+    )
 
 
 @dataclass
@@ -301,15 +307,36 @@ def compare_pair(index: int, pair: dict[str, Any], threshold: float) -> tuple[di
 
 
 def compare_all(
-    pair_list: list[dict[str, Any]], threshold: float, jobs: int, progress: bool = True
+    pair_list: list[dict[str, Any]], threshold: float, jobs: int
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """Every pair compared, in a pool of ``jobs`` processes, results in completion order."""
     from tqdm import tqdm
 
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(pair_list) or 1))) as pool:
         futures = [pool.submit(compare_pair, i, pair, threshold) for i, pair in enumerate(pair_list)]
-        for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None if progress else True):
+        for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
             yield future.result()
+
+
+def compare_on_ray(
+    pair_list: list[dict[str, Any]], threshold: float, address: str
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Every pair as one task on an existing Ray cluster (verl jobs run one), results in completion order."""
+    import ray
+    from tqdm import tqdm
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1)(compare_pair)
+        pending = [task.remote(i, pair, threshold) for i, pair in enumerate(pair_list)]
+        with tqdm(total=len(pending), unit="pair", disable=None) as bar:
+            while pending:
+                done, pending = ray.wait(pending)
+                for ref in done:
+                    bar.update()
+                    yield ray.get(ref)
+    finally:
+        ray.shutdown()  # disconnects this driver; the cluster stays up
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,9 +360,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"msprobe-hooks compare: {args.pairs} holds no pairs (run align first)", file=sys.stderr)
         return 2
     results, rows = [], []
-    for result, pair_rows in compare_all(pair_list, args.threshold, args.jobs, progress=True):
-        results.append(result)
-        rows.extend(pair_rows)
+    if args.ray:
+        outcomes = compare_on_ray(pair_list, args.threshold, args.ray)
+    else:
+        outcomes = compare_all(pair_list, args.threshold, args.jobs)
+    try:
+        for result, pair_rows in outcomes:
+            results.append(result)
+            rows.extend(pair_rows)
+    except ImportError as exc:
+        print(f"msprobe-hooks compare: --ray {args.ray}: cannot import ray ({exc}); install ray", file=sys.stderr)
+        return 2
+    except (ConnectionError, RuntimeError) as exc:
+        if not args.ray:
+            raise
+        print(f"msprobe-hooks compare: --ray {args.ray}: no Ray cluster there ({exc})", file=sys.stderr)
+        return 2
     written = report.write(args.output, results, rows, args.threshold)
     for line in report.summary_lines(results, args.threshold):
         print(line)

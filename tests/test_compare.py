@@ -66,7 +66,7 @@ def l0_perturbed(setup, l0):
 
 
 def run_compare(
-    pairs_file: Path, out: Path, *extra: str
+    pairs_file: Path, out: Path, *extra: str, status: int = 0
 ) -> tuple[subprocess.CompletedProcess, pandas.DataFrame, pandas.DataFrame]:
     done = subprocess.run(
         [sys.executable, "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(out), "--jobs", "2", *extra],
@@ -74,7 +74,7 @@ def run_compare(
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
     return done, pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")
 
 
@@ -150,7 +150,7 @@ def test_unmatched_modules_are_listed_never_passed(l0, tmp_path):
         {**second, "train": {**second["train"], "dump": "train.json"}},
     ]
     pairs.write(edited, str(tmp_path / "pairs.jsonl"))
-    _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
+    _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report", status=1)
     first = rows[rows["pair"] == pair["pair"]]
     lost = first[first["module"] == "layers.2.self_attn.o_proj"]
     assert set(lost["status"]) == {compare.UNMATCHED} and len(lost) == 2  # its input and output

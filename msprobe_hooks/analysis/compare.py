@@ -380,4 +380,5 @@ def run(args: argparse.Namespace) -> int:
     for line in report.summary_lines(results, args.threshold):
         print(line)
     print(f"report: {written}")
-    return 1 if any(r["verdict"] == FAILED for r in results) else 0
+    # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.
+    return 1 if any(r["verdict"] in (FAILED, NOTHING_COMPARED) for r in results) else 0

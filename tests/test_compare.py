@@ -358,3 +358,22 @@ def test_ray_runs_the_pairs_on_an_existing_cluster(l0, tmp_path, ray_tmp):
     finally:
         cluster.stdin.close()
         cluster.wait(timeout=120)
+
+
+def test_dump_file_streams_entries_as_json_load_reads_them(l0, tmp_path, monkeypatch):
+    """Entry by entry through a tiny read buffer (every boundary case), the same as json.load; truncation named."""
+    from msprobe_hooks.analysis import dumpfile
+
+    (pair, *_) = pairs.read(str(l0[0]))
+    path = pair["generate"]["dump"]
+    whole = json.loads(Path(path).read_text())
+    monkeypatch.setattr(dumpfile, "CHUNK", 7)
+    streamed = {"data": {}}
+    for key, value, is_entry in dumpfile.entries(path):
+        (streamed["data"] if is_entry else streamed)[key] = value
+    assert streamed == whole
+    assert list(streamed["data"]) == list(whole["data"])  # model order kept
+    truncated = tmp_path / "dump.json"
+    truncated.write_text(Path(path).read_text()[:-200])
+    with pytest.raises(dumpfile.DumpFileError, match=f"{truncated}: .*truncated"):
+        list(dumpfile.entries(str(truncated)))

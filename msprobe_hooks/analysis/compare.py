@@ -12,7 +12,6 @@ compared says so and is never a pass. Pairs run in a process pool (all cores by 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -21,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import names, pairs
+from . import dumpfile, names, pairs
 from .statistics import Stats, flat_shape, fuse, statistic_errors, tensor_errors, thresholded_error
 
 # Relative error of max/min/norm (tensor mode: ||a-b||/||b||) above which a tensor diverges.
@@ -85,15 +84,18 @@ class Side:
 
 
 def read_side(path: str) -> Side:
-    """Map every tensor of ``path``; one side's dump is held only while it is being mapped."""
-    with open(path, encoding="utf-8") as handle:
-        dump = json.load(handle)
-    data = dump.get("data") or {}
+    """Map every tensor of ``path``, reading its entries one at a time (the tree is never held whole)."""
+    meta: dict[str, Any] = {}
     tensors: dict[tuple[str, str, int], SideTensor] = {}
     skipped: list[dict[str, Any]] = []
     api_rows = other_rows = 0
     layers: list[int] = []
-    for position, (raw, entry) in enumerate(data.items()):
+    position = -1
+    for raw, entry, is_entry in dumpfile.entries(path):
+        if not is_entry:
+            meta[raw] = entry
+            continue
+        position += 1
         row_kind = names.kind(raw)
         if row_kind == "api":
             api_rows += 1
@@ -133,7 +135,7 @@ def read_side(path: str) -> Side:
         for key in [k for k in tensors if k[0] == last]:
             tensors.setdefault((f"layers.{max(layers)}", key[1], key[2]), tensors[key])
             del tensors[key]
-    return Side(path, str(dump.get("task", "")), tensors, skipped, api_rows, other_rows)
+    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, other_rows)
 
 
 def _tensor_file(side: Side, entry: dict) -> str | None:

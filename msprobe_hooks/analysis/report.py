@@ -69,9 +69,15 @@ def summary_lines(results: Sequence[dict[str, Any]], threshold: float) -> list[s
     return lines
 
 
+def _float(value: float) -> str:
+    return f"{value:.3g}"
+
+
 def _markdown_table(frame: Any) -> str:
     """A small DataFrame as a Markdown table (pandas' to_markdown needs tabulate, which msprobe does not bring)."""
-    cells = frame.astype(object).where(frame.notna(), "").astype(str)
+    import pandas
+
+    cells = frame.map(lambda v: "" if pandas.isna(v) else _float(v) if isinstance(v, float) else str(v))
     header = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "|" + "---|" * len(frame.columns)
     return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in cells.itertuples(index=False))])
@@ -157,7 +163,11 @@ def write(folder: str, results: Sequence[dict[str, Any]], rows: Sequence[dict[st
         # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
         shown = (table["pair"] == r["pair"]) & (table["status"] != NOT_COMPARABLE)
         mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
-        body = html.escape(r["message"]) if r["verdict"] == FAILED else mine.to_html(index=False, na_rep="")
+        body = (
+            html.escape(r["message"])
+            if r["verdict"] == FAILED
+            else mine.to_html(index=False, na_rep="", float_format=_float)
+        )
         details.append(
             f"<details><summary>pair {r['pair']} ({html.escape(str(r['key']))}): {html.escape(r['verdict'])}"
             f"</summary><p>training: <code>{html.escape(r['train_dump'])}</code><br>inference: "
@@ -175,7 +185,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>
 <img id="plot" alt="error by depth" src="data:image/png;base64,{png}">
 <h2>Pairs</h2>
-{pair_table[PAIR_COLUMNS].to_html(index=False, na_rep="")}
+{pair_table[PAIR_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}

@@ -109,12 +109,14 @@ def plot(rows: Any, results: Sequence[dict[str, Any]], threshold: float, path: s
     axes.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
     ticks: dict[str, int] = {}
     for order, layer, module in compared.sort_values("order")[["order", "layer", "module"]].itertuples(index=False):
-        label = f"L{int(layer)}" if layer is not None and not math.isnan(layer) else module.split("_")[0]
-        ticks.setdefault(label, positions[order])
+        if layer is not None and not math.isnan(layer):
+            ticks.setdefault(f"L{int(layer)}", positions[order])
+        elif ticks:  # after the layers (the final norm); the embedding sits at the axis' start, unlabelled
+            ticks.setdefault(module, positions[order])
     axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
     axes.set_yscale("log")
     axes.set_xlabel("module (model order; ticks at each decoder layer's first compared tensor)")
-    axes.set_ylabel("relative error")
+    axes.set_ylabel(f"relative error (0 drawn at {floor:g})")
     axes.set_title("training forward vs inference prefill: error by depth")
     if len(results) <= 12:
         axes.legend(fontsize=8, loc="upper left")

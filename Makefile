@@ -21,7 +21,7 @@ VERL_TESTS := build/verl-tests
 # Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
 PYTEST_ASYNCIO := pytest-asyncio==1.5.0
 
-.PHONY: install install-vllm demo test bench docs clean verl-tests
+.PHONY: install install-vllm demo test bench docs clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,7 +53,11 @@ demo: install
 	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
 		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
 
-test: install install-vllm verl-tests
+# Headless Chromium renders the compare report in tests/test_compare.py (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+test: install install-vllm verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

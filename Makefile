@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make demo   install into .venv, then run the built-in CPU demo with the hooks on (real verl engine, real dumps)
+#   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
+#               with the hooks on, align, compare, and the report (examples/demo.sh)
 #   make test   install into .venv and .venv-vllm, then lint and run the whole test suite (what .ci/run calls)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
@@ -49,9 +50,8 @@ $(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt
 
 install-vllm: $(VLLM_BIN)/msprobe-hooks
 
-demo: install
-	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
-		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
+demo: install install-vllm
+	bash examples/demo.sh $(BIN) $(VLLM_BIN)
 
 # Headless Chromium renders the compare report in tests/test_compare.py (Debian's package).
 chromium:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +19,9 @@ from verl_runs import HANG_LIMIT_S
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 EXAMPLES = REPO / "examples"
-LAYERS = 4
-# The module the perturbed copy changes, and by how much (its output is then off by 0.05 / 1.05).
-PERTURBED_MODULE = "layers.1.mlp.down_proj"
-PERTURBATION = 1.05
-PROMPT_LENS = (6, 9, 5, 8)  # four prompts: verl's micro-batches of two must divide the batch
+sys.path.insert(0, os.fspath(EXAMPLES))
+
+from demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts  # noqa: E402, F401
 
 
 def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
@@ -43,30 +39,6 @@ def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> s
         config[task]["summary_mode"] = "statistics"
     path.write_text(json.dumps(config))
     return os.fspath(path)
-
-
-def build_models(folder: Path) -> tuple[Path, Path]:
-    """A tiny random Qwen2 (head_dim 32, as vLLM's CPU attention needs) and a copy with one module scaled."""
-    sys.path.insert(0, os.fspath(EXAMPLES))
-    import verl_cpu
-    from safetensors.torch import load_file, save_file
-
-    model = Path(verl_cpu.build_model_dir(os.fspath(folder / "model"), layers=LAYERS, hidden=128))
-    perturbed = folder / "perturbed"
-    shutil.copytree(model, perturbed, dirs_exist_ok=True)
-    weights = load_file(os.fspath(model / "model.safetensors"))
-    weights[f"model.{PERTURBED_MODULE}.weight"] = weights[f"model.{PERTURBED_MODULE}.weight"] * PERTURBATION
-    save_file(weights, os.fspath(perturbed / "model.safetensors"), metadata={"format": "pt"})
-    return model, perturbed
-
-
-def write_prompts(path: Path) -> Path:
-    rng = random.Random(0)
-    with path.open("w") as out:
-        for i, length in enumerate(PROMPT_LENS):
-            ids = [rng.randrange(3, 128) for _ in range(length)]
-            out.write(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": ids}) + "\n")
-    return path
 
 
 def _run(command: list[str], env: dict[str, str], log: Path) -> None:
@@ -112,42 +84,9 @@ def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     return tmp / "generate"
 
 
-def write_pairs(train_root: Path, generate_root: Path, path: Path) -> int:
-    """pairs.jsonl from the two logs, joined by request id (what ``align`` does; see pairs.py)."""
-    train = {}
-    for log in train_root.glob("*/update_actor_log.jsonl"):
-        for line in log.read_text().splitlines():
-            record = json.loads(line)
-            (sample,) = record["samples"]
-            train[sample["request_id"]] = {
-                "dump": os.fspath(train_root / f"step{record['step']}" / f"rank{record['rank']}" / "dump.json"),
-                "step": record["step"],
-                "rank": record["rank"],
-                "pid": record["pid"],
-                "log": os.fspath(log),
-                "request_id": sample["request_id"],
-            }
-    pairs = []
-    for log in sorted(generate_root.glob("*/dispatch_log.jsonl")):
-        for line in log.read_text().splitlines():
-            record = json.loads(line)
-            if record["num_requests"] != 1 or not record["requests"][0]["full_prefill"]:
-                continue
-            (request,) = record["requests"]
-            generate = {
-                "dump": os.fspath(log.parent / f"step{record['step']}" / f"rank{record['rank']}" / "dump.json"),
-                "step": record["step"],
-                "rank": record["rank"],
-                "pid": record["pid"],
-                "log": os.fspath(log),
-                "engine": "vllm",
-                "request_id": request["request_id"],
-                "filtered": False,
-            }
-            key = request["request_id_base"]
-            pairs.append(
-                {"pair": len(pairs), "rule": "request_id", "key": key, "prompt_len": request["prompt_len"],
-                 "train": train[key], "generate": generate}
-            )  # fmt: skip
-    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    return len(pairs)
+def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
+    """``msprobe-hooks align`` on the two trees, as a user runs it; the pairs it wrote."""
+    command = [sys.executable, "-m", "msprobe_hooks", "align", os.fspath(train_root), os.fspath(generate_root)]
+    done = subprocess.run([*command, "-o", os.fspath(path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads(line) for line in path.read_text().splitlines()]

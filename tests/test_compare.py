@@ -22,11 +22,12 @@ from compare_runs import (
     LAYERS,
     PERTURBATION,
     PERTURBED_MODULE,
+    PROMPT_LENS,
+    align,
     build_models,
     msprobe_config,
     run_training,
     run_vllm,
-    write_pairs,
     write_prompts,
 )
 
@@ -51,7 +52,11 @@ def _pairs(setup, name: str, task: str, level: str, model: Path | None = None, t
     config = msprobe_config(root / f"{task}-{level}.json", task, level)
     train_root = train_root or run_training(folder / "train", same, prompts, config)
     generate_root = run_vllm(folder / "generate", model or same, prompts, config)
-    assert write_pairs(train_root, generate_root, folder / "pairs.jsonl") == 4
+    pairs = align(train_root, generate_root, folder / "pairs.jsonl")
+    # one pair per prompt, joined by the request id the rollout sent (vLLM's suffix stripped)
+    assert sorted(p["key"] for p in pairs) == [f"req-{i}" for i in range(len(PROMPT_LENS))]
+    assert {p["rule"] for p in pairs} == {"request_id"}
+    assert [p["prompt_len"] for p in sorted(pairs, key=lambda p: p["key"])] == list(PROMPT_LENS)
     return folder / "pairs.jsonl", train_root
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole loop on this CPU: verl's FSDP2 engine and vLLM's engine on the same prompts, dumped by
 # msprobe-hooks from the environment alone, then align and compare. `make demo` runs it:
-#   bash examples/demo.sh TRAIN_VENV_BIN VLLM_VENV_BIN
+#   bash examples/demo.sh TRAIN_VENV_BIN VLLM_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump)
 # The rollout side loads a copy of the weights with one planted fault (demo_inputs.py): the report
 # must name that module as the first divergence.
 set -euo pipefail
 train_bin=$(realpath "$1") vllm_bin=$(realpath "$2")
 cd "$(dirname "$0")"
-out=$PWD/msprobe_dump
+out=$(realpath -m "${3:-msprobe_dump}")
 rm -rf "$out" && mkdir -p "$out"
 rpc=$(mktemp -d) && trap 'rm -rf "$rpc"' EXIT  # vLLM's IPC sockets, cleaned
 

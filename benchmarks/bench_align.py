@@ -2,7 +2,7 @@
 
 Builds one rollout's logs: 1000 requests, each one single-request prefill step followed by 99
 decode steps of 8 running requests (100k dispatch-log lines written by the real
-``dispatch_log.step_record``), and 1000 training prompt dumps. Times the join (reading both logs,
+``dispatch_log.step_line``), and 1000 training prompt dumps. Times the join (reading both logs,
 pairing, writing ``pairs.jsonl``) against the floor of reading the same lines with ``json.loads``
 alone, and prints medians and the ratio. The dump.json files are tiny: align opens each paired one
 once, to check it is there.
@@ -18,7 +18,7 @@ import time
 
 from msprobe_hooks import actor_dump, dispatch_log
 from msprobe_hooks.analysis import align
-from msprobe_hooks.dispatch_log import ScheduledRequest, step_record
+from msprobe_hooks.dispatch_log import ScheduledRequest, step_line
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.records import prompt_hash
 
@@ -52,8 +52,9 @@ def build(root: str) -> tuple[str, str]:
     step = 0
     for i in range(REQUESTS):
         prefill = [ScheduledRequest(f"req-{i}-0123abcd", f"req-{i}", True, PROMPT_LEN, 0, PROMPT_LEN, hashes[i])]
-        record = step_record(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=True, requests=prefill)
-        generate_log.write(record)
+        generate_log.write_line(
+            step_line(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=True, requests=prefill)
+        )
         _write_dump(os.path.join(generate, str(os.getpid()), f"step{step}", "rank0"))
         step += 1
         running = range(max(0, i - RUNNING + 1), i + 1)
@@ -62,8 +63,8 @@ def build(root: str) -> tuple[str, str]:
                 ScheduledRequest(f"req-{j}-0123abcd", f"req-{j}", False, 1, PROMPT_LEN + k, PROMPT_LEN, hashes[j])
                 for j in running
             ]
-            generate_log.write(
-                step_record(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=False, requests=rows)
+            generate_log.write_line(
+                step_line(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=False, requests=rows)
             )
             step += 1
     return train, generate

@@ -30,6 +30,9 @@ import torch.distributed as dist
 
 VOCAB_SIZE = 128
 PAD_TOKEN_ID = 0
+EOS_TOKEN_ID = 1
+# vLLM's CPU attention refuses head_dim 16: 32 lets the real vLLM engine load the same model folder.
+HEAD_DIM = 32
 
 
 def _cpu_device_module() -> types.SimpleNamespace:
@@ -152,14 +155,18 @@ def _free_port() -> int:
 
 
 def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64) -> str:
-    """A tiny random Qwen2 and a WordLevel tokenizer, saved under ``path`` (reused if present)."""
+    """A tiny random Qwen2 and a WordLevel tokenizer, saved under ``path`` (reused if present).
+
+    The folder loads in verl's FSDP2 engine here and in the real vLLM engine (``.venv-vllm``), so
+    training and inference dumps of one model can be compared.
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     os.makedirs(path, exist_ok=True)
-    vocab = {"<pad>": PAD_TOKEN_ID, "<eos>": 1, "<unk>": 2}
+    vocab = {"<pad>": PAD_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<unk>": 2}
     vocab.update({f"t{i}": i for i in range(3, VOCAB_SIZE)})
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -171,12 +178,12 @@ def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64)
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=hidden // HEAD_DIM,
+        num_key_value_heads=max(1, hidden // HEAD_DIM // 2),
         max_position_embeddings=512,
         pad_token_id=PAD_TOKEN_ID,
-        eos_token_id=1,
-        bos_token_id=1,
+        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=EOS_TOKEN_ID,
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)

@@ -17,6 +17,7 @@ from typing import Any
 from .patching import Refusal
 
 MSPROBE_DISTRIBUTION = "mindstudio-probe"
+MSPROBE_MODULE = "msprobe"
 MSPROBE_SUPPORTED = ">=26.2,<26.3"
 DEFAULT_ACTOR_CONFIG = os.path.join(os.path.dirname(__file__), "data", "default_actor_config.json")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from . import config as config_module
 from . import contracts, patching
 from .bootstrap import current_config
-from .debugger import MSPROBE_DISTRIBUTION, MSPROBE_SUPPORTED
+from .debugger import MSPROBE_DISTRIBUTION, MSPROBE_MODULE, MSPROBE_SUPPORTED
 from .launch import shim_dir
 from .registry import Patch, all_patches
 
@@ -107,9 +107,10 @@ def spawn_check(out: Callable[[str], None]) -> bool:
 
 def patch_eligibility(patch: Patch) -> str:
     """One line: would this patch apply if its target were imported in this interpreter?"""
-    version = contracts.distribution_version(patch.distribution)
-    if version is None:
+    provider = contracts.module_provider(patch.target)
+    if provider is None:
         return f"{patch.distribution} not installed"
+    version = provider.version
     problem = patching.version_problem(patch, version)
     if problem:
         return f"would be skipped: {problem}"
@@ -125,7 +126,7 @@ def patch_eligibility(patch: Patch) -> str:
             problems.append(problem)
     if problems:
         return f"would be skipped, target changed: {'; '.join(problems)}"
-    return f"eligible ({patch.distribution} {version})"
+    return f"eligible ({provider.distribution} {version})"
 
 
 def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
@@ -177,7 +178,7 @@ def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
         )
 
     out("msprobe")
-    msprobe_version = contracts.distribution_version(MSPROBE_DISTRIBUTION)
+    msprobe_version = contracts.module_version(MSPROBE_MODULE)
     if msprobe_version is None:
         out(f"  ! {MSPROBE_DISTRIBUTION} is not installed: pip install 'mindstudio-probe{MSPROBE_SUPPORTED}'")
     else:

@@ -57,8 +57,8 @@ _failures_reported: set[tuple[str, str]] = set()
 
 
 def installed_version(patch: Patch) -> str | None:
-    """The target's version from distribution metadata, else its imported top package's ``__version__``."""
-    version = contracts.distribution_version(patch.distribution)
+    """The version of the distribution providing the target, else its imported top package's ``__version__``."""
+    version = contracts.module_version(patch.target)
     if version is None:
         version = getattr(sys.modules.get(patch.target.split(".")[0]), "__version__", None)
     return str(version) if version else None

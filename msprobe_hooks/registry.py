@@ -20,7 +20,9 @@ class Patch(NamedTuple):
     """One patch: target, versions, contract, code, and why it exists.
 
     ``implementation`` names a module with ``patch(module)`` and ``unpatch(module)``, called with
-    the imported ``target`` module. It is imported only when the target is.
+    the imported ``target`` module. It is imported only when the target is. ``ran_for_real`` names
+    the releases whose real engine the test suite runs this patch in (the others rest on contracts
+    read from the released files and on stand-ins).
     """
 
     name: str
@@ -32,6 +34,7 @@ class Patch(NamedTuple):
     how: str
     retire_when: str
     contract: tuple[ContractItem, ...] = ()
+    ran_for_real: tuple[str, ...] = ()
 
 
 def builtin_patches() -> tuple[Patch, ...]:

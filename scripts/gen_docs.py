@@ -66,6 +66,7 @@ def patch_catalogue() -> str:
             f"- **How**: {patch.how}",
             f"- **Retire when**: {patch.retire_when}",
             f"- **Verified against releases**: {', '.join(releases) if releases else 'none recorded'}",
+            f"- **Ran in the real engine in the tests**: {'; '.join(patch.ran_for_real) or 'none recorded'}",
             "- **Relies on**:",
         ]
         for item in patch.contract:

@@ -268,7 +268,7 @@ class DecodeStep(NamedTuple):
     hashes: list[str]  # dump whose request shows up only here is "decode only", not "no counterpart"
 
 
-# Our own lines, as JsonlLog writes them (compact separators, fields in step_record's order):
+# Our own lines, as JsonlLog writes them (compact separators, fields in dispatch_log.step_line's order):
 # one without a prefill row is read by a scan instead of json.loads, 2-3 times faster.
 _OUR_LINE = json.dumps({"source": dispatch_log.SOURCE, "engine": None}, separators=(",", ":"))[:-5]
 _BASE = re.compile(r'"request_id_base":"([^"\\]*(?:\\.[^"\\]*)*)"')  # a JSON string, escapes and all

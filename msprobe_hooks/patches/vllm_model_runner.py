@@ -29,7 +29,7 @@ from typing import Any
 
 from ..bootstrap import current_config
 from ..config import Config, read_msprobe_config
-from ..contracts import distribution_version
+from ..contracts import module_version
 from ..debugger import DebuggerUnavailable, is_recording
 from ..debugger import get as get_debugger
 from ..dispatch_log import (
@@ -53,21 +53,23 @@ _runner_class: Any = None  # the GPUModelRunner class patched
 
 
 def randomizes_request_ids(vllm_version: str | None, environ: Any = os.environ) -> bool:
-    """Whether vLLM turns request ids into ``{id}-{8 hex}``: from 0.14, unless opted out (0.17+)."""
+    """Whether vLLM turns request ids into ``{id}-{8 hex}``: from 0.14, unless opted out (0.17+).
+
+    An unknown version follows the opt-out too: a user who set it gets the ids the client sent.
+    """
     from packaging.version import InvalidVersion, Version
 
     try:
+        opted_out = bool(int(environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0")))  # vLLM's own parsing
+    except ValueError:
+        opted_out = False
+    try:
         version = Version(vllm_version or "")
     except InvalidVersion:
-        return True  # unknown: stripping a suffix vLLM did not add is the lesser harm
+        return not opted_out  # else stripping a suffix vLLM did not add is the lesser harm
     if version < Version("0.14.0.dev0"):
         return False
-    if version >= Version("0.17.0.dev0"):
-        try:
-            return not int(environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0"))  # vLLM's own parsing
-        except ValueError:
-            return True
-    return True
+    return version < Version("0.17.0.dev0") or not opted_out
 
 
 class EngineNotEager(RuntimeError):
@@ -92,8 +94,8 @@ class RunnerState:
     def __init__(self, runner: Any, cfg: Config) -> None:
         ascend = type(runner).__module__.split(".")[0] == "vllm_ascend"
         self.engine = "vllm-ascend" if ascend else "vllm"
-        self.engine_version = distribution_version(self.engine)
-        self.strips_suffix = randomizes_request_ids(distribution_version("vllm"))
+        self.engine_version = module_version("vllm_ascend" if ascend else "vllm")
+        self.strips_suffix = randomizes_request_ids(module_version("vllm"))
         self.prompts = PromptHashes()
         self.known: dict[str, tuple[str, str | None]] = {}  # request id -> (the id the client sent, prompt hash)
         self.counter = StepCounter()

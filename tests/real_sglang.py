@@ -22,13 +22,19 @@ from pathlib import Path
 from conftest import REPO, shim_env
 
 SGLANG_VENV = REPO / ".venv-sglang"
-SGLANG_PYTHON = SGLANG_VENV / "bin" / "python"
 TESTS = Path(__file__).resolve().parent
 CHILD = TESTS / "real_sglang_child.py"
 KERNEL_STUB = TESTS / "sgl_kernel_stub"
 # Engine start ~14 s on 2 cores, shutdown a few; a run is a few steps more.
 TIMEOUT = 600
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def sglang_bin(name: str) -> Path:
+    """A command of ``.venv-sglang``; a missing venv fails with the command that builds it."""
+    path = SGLANG_VENV / "bin" / name
+    assert path.exists(), f"{path} is missing: build the real-SGLang venv with `make install-sglang`"
+    return path
 
 
 def engine_env(**overrides: str) -> dict[str, str]:
@@ -62,13 +68,13 @@ class EngineRun:
 
 def run_engine(work: Path, scenario: Mapping, **env: str) -> EngineRun:
     """Run one scenario (see ``real_sglang_child.py``) in a fresh ``.venv-sglang`` interpreter, in ``work``."""
-    assert SGLANG_PYTHON.exists(), f"{SGLANG_PYTHON} is missing: build the real-SGLang venv with `make install-sglang`"
+    python = sglang_bin("python")
     work.mkdir(parents=True, exist_ok=True)
     scenario_path, report_path = work / "scenario.json", work / "report.json"
     scenario_path.write_text(json.dumps(scenario))
     report_path.unlink(missing_ok=True)
     done = subprocess.run(
-        [str(SGLANG_PYTHON), str(CHILD), str(scenario_path), str(report_path)],
+        [str(python), str(CHILD), str(scenario_path), str(report_path)],
         env=engine_env(**env),
         cwd=work,
         capture_output=True,

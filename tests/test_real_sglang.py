@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from real_sglang import SGLANG_VENV, EngineRun, engine_env, run_engine, tokenizer_dir
+from real_sglang import EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
 from sglang_support import dispatch_log, dumped_modules, step_folders
 
 from msprobe_hooks.records import prompt_hash
@@ -163,7 +163,7 @@ def test_full_prefill_rows(hooked):
 
 
 def test_doctor_in_the_sglang_env(tmp_path):
-    command = [str(SGLANG_VENV / "bin" / "msprobe-hooks"), "doctor"]
+    command = [str(sglang_bin("msprobe-hooks")), "doctor"]
     done = subprocess.run(
         command, env=engine_env(DUMP_ON="1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
     )

@@ -36,6 +36,8 @@ WAVES = [
 ]
 # The dump_path of the MSPROBE_GENERATE_CONFIG set beside SGLang's switch: never written.
 GENERATE_DUMP = "generate-dump"
+# Left out by msprobe's step filter: its line must say dumped false and it has no folder (wave 0's first decode).
+UNDUMPED_STEP = 1
 EMBEDDING_INPUT = "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0.pt"
 
 
@@ -46,8 +48,10 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def _msprobe_config(path: Path, dump_path: Path) -> Path:
-    """Every forward at task ``tensor`` (the rows are checked against the dumped embedding input)."""
-    path.write_text(json.dumps({"task": "tensor", "level": "L0", "rank": [], "step": [], "dump_path": str(dump_path)}))
+    """Task ``tensor`` (the rows are checked against the dumped embedding input), every step but one."""
+    steps = [step for step in range(64) if step != UNDUMPED_STEP]
+    config = {"task": "tensor", "level": "L0", "rank": [], "step": steps, "dump_path": str(dump_path)}
+    path.write_text(json.dumps(config))
     return path
 
 
@@ -108,8 +112,10 @@ def test_native_switch_stays_in_charge_with_dumps_per_process(hooked):
     pid = _scheduler_pid(hooked)
     lines = dispatch_log(hooked.work / "dump", pid)
     assert [line["step"] for line in lines] == list(range(len(lines)))
-    assert all(line["dumped"] for line in lines)  # SGLang's switch dumps decodes too
-    assert step_folders(hooked.work / "dump", pid) == {line["step"]: ["rank0"] for line in lines}
+    # SGLang's switch dumps decodes too; msprobe's step filter leaves one step out.
+    assert [line["dumped"] for line in lines] == [line["step"] != UNDUMPED_STEP for line in lines]
+    assert step_folders(hooked.work / "dump", pid) == {line["step"]: ["rank0"] for line in lines if line["dumped"]}
+    assert all(line["rank"] == 0 for line in lines)
     assert "Module.model.layers.1.mlp.Qwen2MLP.forward.0" in dumped_modules(hooked.work / "dump", pid, 0)
     ours = [line for line in hooked.stderr.splitlines() if line.startswith("[msprobe-hooks")]
     # No warning: SGLang's switch is on, so MSPROBE_GENERATE_CONFIG is not left unused (nor dumped to).
@@ -119,7 +125,8 @@ def test_native_switch_stays_in_charge_with_dumps_per_process(hooked):
 
 
 def test_one_line_per_forward_with_its_requests(hooked):
-    """Per ModelRunner.forward: the published fields, the client's request ids, prompt lengths and hashes."""
+    """Per ModelRunner.forward: the published fields, the client's request ids, prompt lengths and hashes,
+    and rows that slice the forward's dumped input at each request's tokens."""
     pid = _scheduler_pid(hooked)
     lines = dispatch_log(hooked.work / "dump", pid)
     assert {(line["source"], line["engine"], line["engine_version"], line["pid"]) for line in lines} == {
@@ -138,13 +145,16 @@ def test_one_line_per_forward_with_its_requests(hooked):
             prompt = PROMPTS[row["request_id"]]
             assert row["request_id_base"] == row["request_id"]  # SGLang keeps the client's id as sent
             assert (row["prompt_len"], row["prompt_hash"]) == (len(prompt), prompt_hash(prompt))
-        # What the embedding of that forward took in: each prefill row is its slice of the prompt.
+        # What the embedding of that forward took in: each row is its request's tokens (prompt, then
+        # generated) from the cached ones on.
+        if not line["dumped"]:
+            continue
         tokens = _embedding_input(hooked, pid, line["step"])
         assert len(tokens) == line["total_num_scheduled_tokens"]
         for row in rows:
-            if row["prefill"]:
-                done = row["computed_tokens"]
-                assert tokens[row["offset"] : row["offset"] + row["tokens"]] == PROMPTS[row["request_id"]][done:]
+            sequence = PROMPTS[row["request_id"]] + hooked.outputs[row["request_id"]]
+            done = row["computed_tokens"]
+            assert tokens[row["offset"] : row["offset"] + row["tokens"]] == sequence[done : done + row["tokens"]]
 
 
 def test_full_prefill_rows(hooked):

@@ -77,7 +77,7 @@ test: install install-vllm install-sglang verl-tests
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
-bench: install install-vllm
+bench: install install-vllm install-sglang
 	$(BIN)/python benchmarks/run_all.py
 
 docs: install

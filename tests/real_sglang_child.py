@@ -8,6 +8,9 @@ by the environment, exactly as under ``msprobe-hooks run``. Usage::
 The scenario (JSON): ``model`` and ``tokenizer`` (folders), ``engine`` (keyword arguments of
 ``sglang.Engine`` over the CPU defaults below) and ``waves`` (lists of requests ``{"id", "prompt",
 "max_new_tokens"}``: the requests of a wave go in one ``generate`` call, the next wave after it).
+With ``serve: true`` the child instead prints ``SERVE ready`` once the engine is up, then runs all
+the waves once per ``go`` line read from stdin and prints ``SERVE <wall seconds>`` (the
+benchmark's interleaving; SGLang logs to stdout too, hence the prefix).
 
 The report (JSON): ``outputs`` (request id -> generated token ids) and ``pid`` (this process; the
 model runs in SGLang's scheduler process, a child of this one).
@@ -18,6 +21,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+
+SERVE = "SERVE"
 
 # What SGLang needs on a CPU box (docs/inference-sglang.md): no CUDA graph, a capped KV cache.
 ENGINE_DEFAULTS = {
@@ -30,6 +36,23 @@ ENGINE_DEFAULTS = {
 }
 
 
+def generate(engine, waves: list[list[dict]]) -> dict[str, list[int]]:
+    """Every wave's requests, greedy; the generated ids per request id."""
+    outputs: dict[str, list[int]] = {}
+    for wave in waves:
+        answers = engine.generate(
+            input_ids=[request["prompt"] for request in wave],
+            rid=[request["id"] for request in wave],
+            sampling_params=[
+                {"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True}
+                for request in wave
+            ],
+        )
+        for request, answer in zip(wave, answers, strict=True):
+            outputs[request["id"]] = list(answer["output_ids"])
+    return outputs
+
+
 def main(scenario_path: str, report_path: str) -> None:
     import sglang
 
@@ -40,19 +63,17 @@ def main(scenario_path: str, report_path: str) -> None:
         tokenizer_path=scenario["tokenizer"],
         **{**ENGINE_DEFAULTS, **scenario.get("engine", {})},
     )
-    outputs: dict[str, list[int]] = {}
     try:
-        for wave in scenario["waves"]:
-            answers = engine.generate(
-                input_ids=[request["prompt"] for request in wave],
-                rid=[request["id"] for request in wave],
-                sampling_params=[
-                    {"temperature": 0.0, "max_new_tokens": request["max_new_tokens"], "ignore_eos": True}
-                    for request in wave
-                ],
-            )
-            for request, answer in zip(wave, answers, strict=True):
-                outputs[request["id"]] = list(answer["output_ids"])
+        if scenario.get("serve"):
+            print(f"{SERVE} ready", flush=True)
+            for line in sys.stdin:
+                if line.strip() != "go":
+                    break
+                began = time.perf_counter()
+                generate(engine, scenario["waves"])
+                print(f"{SERVE} {time.perf_counter() - began:.6f}", flush=True)
+            return
+        outputs = generate(engine, scenario["waves"])
     finally:
         engine.shutdown()
     with open(report_path, "w", encoding="utf-8") as handle:

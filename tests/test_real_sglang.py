@@ -172,11 +172,15 @@ def test_full_prefill_rows(hooked):
     assert all(r["type"] == "cached" and r["tokens"] == 1 for r in decode_rows)
 
 
-def test_doctor_in_the_sglang_env(tmp_path):
-    command = [str(sglang_bin("msprobe-hooks")), "doctor"]
-    done = subprocess.run(
+def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [str(sglang_bin("msprobe-hooks")), "doctor", *args]
+    return subprocess.run(
         command, env=engine_env(DUMP_ON="1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
+
+
+def test_doctor_in_the_sglang_env(tmp_path):
+    done = _doctor(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.split() for line in done.stdout.splitlines()]
     patches = {words[0]: " ".join(words[1:]) for words in lines if words and "." in words[0]}
@@ -185,3 +189,17 @@ def test_doctor_in_the_sglang_env(tmp_path):
     assert patches["verl.fsdp_engine"] == "verl not installed"  # the inference venv has no verl
     assert "  mindstudio-probe 26.2.0 (supported)" in done.stdout.splitlines()
     assert "  ran in this process: yes" in done.stdout.splitlines()
+
+
+def test_doctor_spawn_check_in_the_sglang_env(tmp_path):
+    """SGLang spawns its scheduler: a spawned child of this venv activates from the environment."""
+    done = _doctor(tmp_path, "--spawn-check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = done.stdout.split("spawn check")[1].splitlines()[1:]
+    assert [line.split()[:2] for line in checks] == [
+        ["spawn", "active"],
+        ["fork", "active"],
+        ["subprocess", "active"],
+        ["ray", "task"],
+    ]
+    assert "ray task   skipped: ray is not installed" in done.stdout

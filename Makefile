@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make demo   install into .venv, then run the built-in CPU demo with the hooks on (real verl engine, real dumps)
+#   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
+#               with the hooks on, align, compare, and the report (examples/demo.sh)
 #   make test   install into .venv, .venv-vllm and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
@@ -30,7 +31,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-vllm install-sglang demo test bench docs clean verl-tests
+.PHONY: install install-vllm install-sglang demo test bench docs clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,11 +69,14 @@ $(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt
 
 install-vllm: $(VLLM_BIN)/msprobe-hooks
 
-demo: install
-	cd examples && DUMP_ON=1 PROMPTS_ONLY=1 DUMP_PHASE=all TORCHDYNAMO_DISABLE=1 \
-		../$(BIN)/msprobe-hooks run -- ../$(BIN)/python cpu_demo.py
+demo: install install-vllm
+	bash examples/demo.sh $(BIN) $(VLLM_BIN)
 
-test: install install-vllm install-sglang verl-tests
+# Headless Chromium renders the compare report in tests/test_compare.py (Debian's package).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+test: install install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

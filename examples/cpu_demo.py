@@ -7,10 +7,18 @@ four rollout samples (micro-batches of two) and runs one PPO update on them, exa
 worker would. Nothing in this script mentions msprobe: the dumps come from the environment.
 With PROMPTS_ONLY=1 every sample's prompt gets its own dump (what an inference engine computes
 at prefill); DUMP_PHASE=all also dumps the update, backward included.
+
+    python examples/cpu_demo.py --model DIR --prompts PROMPTS_FILE
+
+runs the same engine on a given model folder and on the prompts of ``PROMPTS_FILE`` (one JSON
+object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``, the file
+``examples/vllm_generate.py`` reads), so a training dump and an inference dump see the same
+weights and the same prompts under the same request ids.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -21,11 +29,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import verl_cpu  # noqa: E402
 
 
+def prompt_samples(path: str) -> list[verl_cpu.Sample]:
+    """The prompts of ``path``, each with a short response (the log-prob pass needs one)."""
+    with open(path, encoding="utf-8") as lines:
+        prompts = [json.loads(line) for line in lines if line.strip()]
+    # Unequal response lengths: verl stacks equal-length fields into dense tensors (see random_samples).
+    return [
+        verl_cpu.Sample(
+            prompt=tuple(p["prompt_token_ids"]),
+            response=(3, 4, 5)[: 2 + i % 2],
+            uid=f"uid{i}",
+            request_id=p["request_id"],
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description="verl's FSDP2 engine on CPU: log-probs and one update")
+    parser.add_argument("--model", help="a Qwen2 model folder (default: a tiny random one, built here)")
+    parser.add_argument("--prompts", help="JSON lines of request_id and prompt_token_ids (default: random)")
+    args = parser.parse_args()
     verl_cpu.init_process()
     with tempfile.TemporaryDirectory(prefix="msprobe-hooks-demo-") as folder:
-        engine = verl_cpu.make_engine(verl_cpu.build_model_dir(folder))
-        samples = verl_cpu.random_samples(4, seed=0)
+        engine = verl_cpu.make_engine(args.model or verl_cpu.build_model_dir(folder))
+        samples = prompt_samples(args.prompts) if args.prompts else verl_cpu.random_samples(4, seed=0)
         log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples))
         metrics = verl_cpu.update(engine, verl_cpu.make_batch(samples))
     grad_norm = metrics["metrics"]["grad_norm"]

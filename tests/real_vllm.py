@@ -6,8 +6,8 @@ the model verl's FSDP2 engine trains in the other tests) and run ``tests/real_vl
 plain vLLM user code, with ``.venv-vllm/bin/python`` and the shim on PYTHONPATH: the hooks come
 from the environment, as under ``msprobe-hooks run``.
 
-:func:`generate` is the one call for a test that wants an inference dump of given prompts (the
-align/compare tests); :func:`run_engine` runs any scenario and returns what the child reported.
+:func:`run_engine` runs a scenario and returns what the child reported; :func:`engine_env` is the
+environment of any real vLLM run (the align/compare tests run ``examples/vllm_generate.py`` with it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,35 +85,6 @@ def msprobe_config(path: Path, dump_path: Path, **fields: object) -> Path:
     config = {"task": "statistics", "level": "L0", "rank": [], "step": [], "dump_path": str(dump_path), **fields}
     path.write_text(json.dumps(config))
     return path
-
-
-def generate(
-    model_dir: str | Path,
-    prompts: Mapping[str, Sequence[int]],
-    dump_root: Path,
-    *,
-    max_tokens: int = 1,
-    config: Mapping[str, object] | None = None,
-    **env: str,
-) -> Path:
-    """Generate greedily for ``prompts`` (request id -> prompt token ids) with the hooks on; return the dump root.
-
-    One request at a time, so every prefill step holds exactly one whole prompt (what ``align``
-    pairs with a training prompt-only dump). vLLM runs eager, fp32, prefix caching off. The msprobe
-    config is ``config`` over L0 statistics of every step; its ``dump_path`` is ``dump_root``, under
-    which the worker writes ``{pid}/step{N}/rank0/dump.json`` and ``{pid}/dispatch_log.jsonl``.
-    ``env`` adds variables (e.g. ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION="1"``). Raises
-    AssertionError, with vLLM's stderr, when the run fails.
-    """
-    dump_root = Path(dump_root)
-    work = dump_root.parent / f"{dump_root.name}-run"
-    work.mkdir(parents=True, exist_ok=True)
-    config_path = msprobe_config(work / "generate.json", dump_root, **(config or {}))
-    waves = [[{"id": rid, "prompt": list(ids), "max_tokens": max_tokens}] for rid, ids in prompts.items()]
-    scenario = {"model": str(model_dir), "waves": waves}
-    run = run_engine(work, scenario, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=str(config_path), **env)
-    assert run.returncode == 0, f"vLLM run failed ({run.returncode}):\n{run.stderr[-4000:]}"
-    return dump_root
 
 
 def embedding_input(root: Path, pid: int, step: int) -> list[int]:

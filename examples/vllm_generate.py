@@ -1,0 +1,54 @@
+"""The inference side of the demo: vLLM's real engine generates for a prompts file, one request at a time.
+
+    python examples/vllm_generate.py MODEL_DIR PROMPTS_FILE [--max-tokens N] [--dtype float32]
+
+``PROMPTS_FILE`` holds one JSON object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``
+(the same file ``examples/cpu_demo.py --prompts`` reads, so both sides see the same prompts under
+the same request ids). Requests are added and finished one at a time, so every prefill step holds
+exactly one prompt. Eager mode, no prefix caching: what a precision comparison needs. Nothing
+here mentions any dump tool: dumps, if any, come from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def read_prompts(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a Hugging Face model folder")
+    parser.add_argument("prompts", help="JSON lines of request_id and prompt_token_ids")
+    parser.add_argument("--max-tokens", type=int, default=2, help="tokens to generate per prompt (default 2)")
+    parser.add_argument("--dtype", default="float32", help="the engine's dtype (default float32)")
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=args.model,
+        enforce_eager=True,
+        dtype=args.dtype,
+        max_model_len=256,
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    for prompt in read_prompts(args.prompts):
+        engine.add_request(prompt["request_id"], {"prompt_token_ids": prompt["prompt_token_ids"]}, params)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    print(json.dumps({"request_id": prompt["request_id"], "tokens": output.outputs[0].token_ids}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Real dump pairs for the compare tests: verl's FSDP2 engine on one side, vLLM's CPU engine on the other.
+
+Both sides run as a user runs them: ``examples/cpu_demo.py --model --prompts`` with the shim and
+``DUMP_ON=1 PROMPTS_ONLY=1``; ``examples/vllm_generate.py`` in the vLLM environment
+(``<repo>/.venv-vllm``) with ``MSPROBE_GENERATE_CONFIG``. Same weights (or a copy with one known
+module changed), same prompts, same request ids, one request per prefill step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from conftest import REPO, shim_env
+from real_vllm import VLLM_PYTHON, engine_env
+from verl_runs import HANG_LIMIT_S
+
+EXAMPLES = REPO / "examples"
+sys.path.insert(0, os.fspath(EXAMPLES))
+
+from demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts  # noqa: E402, F401
+
+
+def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
+    """An msprobe config.json for both sides (no step filter: the hooks choose what is dumped)."""
+    config = {
+        "task": task,
+        "rank": [],
+        "step": [],
+        "level": level,
+        "async_dump": False,
+        "extra_info": True,
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        config[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(config))
+    return os.fspath(path)
+
+
+def _run(command: list[str], env: dict[str, str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_LIMIT_S, cwd=REPO)
+    assert done.returncode == 0, f"{command[1]} failed ({done.returncode}); last lines:\n" + "\n".join(
+        log.read_text().splitlines()[-30:]
+    )
+
+
+def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """verl's FSDP2 engine, one prompt-only dump per prompt; returns the training dump root."""
+    env = shim_env(
+        DUMP_ON="1",
+        PROMPTS_ONLY="1",
+        MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp),
+        MSPROBE_ACTOR_CONFIG=config,
+        TORCHDYNAMO_DISABLE="1",
+        OMP_NUM_THREADS="1",
+    )
+    command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
+    _run([*command, os.fspath(prompts)], env, tmp / "train.log")
+    return tmp / "actor"
+
+
+def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
+    rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
+    env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
+    command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
+    try:
+        _run(command, env, tmp / "vllm.log")
+    finally:
+        shutil.rmtree(rpc, ignore_errors=True)
+    return tmp / "generate"
+
+
+def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
+    """``msprobe-hooks align`` on the two trees, as a user runs it; the pairs it wrote."""
+    command = [sys.executable, "-m", "msprobe_hooks", "align", os.fspath(train_root), os.fspath(generate_root)]
+    done = subprocess.run([*command, "-o", os.fspath(path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads(line) for line in path.read_text().splitlines()]

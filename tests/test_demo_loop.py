@@ -1,0 +1,29 @@
+"""``make demo``'s loop, run as the Makefile runs it: both real engines, align, compare, the report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas
+from compare_runs import PERTURBED_MODULE, PROMPT_LENS
+from conftest import REPO, clean_env
+from verl_runs import HANG_LIMIT_S
+
+
+def test_demo_names_the_planted_fault(tmp_path: Path) -> None:
+    train_bin, vllm_bin = Path(sys.executable).parent, REPO / ".venv-vllm" / "bin"
+    command = ["bash", str(REPO / "examples" / "demo.sh"), str(train_bin), str(vllm_bin), str(tmp_path / "out")]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=2 * HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    prompts = len(PROMPT_LENS)
+    assert f"align: {prompts} pairs (request_id: {prompts})" in done.stdout
+    verdict = f"{prompts} pairs: first divergence: {PERTURBED_MODULE} output"
+    assert verdict in done.stdout, done.stdout[-3000:]
+    report = tmp_path / "out" / "report"
+    pairs = pandas.read_csv(report / "pairs.csv")
+    assert list(pairs["first_module"]) == [PERTURBED_MODULE] * prompts
+    assert (pairs["unmatched"] == 0).all()
+    html = (report / "index.html").read_text()
+    assert verdict.split(": ", 1)[1] in html and "data:image/png;base64," in html

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from real_sglang import EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
+from conftest import clean_env, run_python
+from real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
 from sglang_support import dispatch_log, dumped_modules, step_folders
 
 from msprobe_hooks.records import prompt_hash
@@ -203,3 +204,28 @@ def test_doctor_spawn_check_in_the_sglang_env(tmp_path):
         ["ray", "task"],
     ]
     assert "ray task   skipped: ray is not installed" in done.stdout
+
+
+def test_kernel_stub_raises_when_called_and_has_no_submodules():
+    """The stub only lets SGLang import: a kernel reached at run time fails loudly, submodules stay missing."""
+    code = """
+        import importlib, json
+        import sgl_kernel
+        try:
+            sgl_kernel.copy_all_layer_kv_cache_cpu(1, 2)
+            called = "returned"
+        except NotImplementedError as exc:
+            called = str(exc)
+        try:
+            importlib.import_module("sgl_kernel.scalar_type")
+            submodule = "imported"
+        except ImportError:
+            submodule = "ImportError"
+        print(json.dumps({"called": called, "submodule": submodule, "has_other": hasattr(sgl_kernel, "silu_and_mul")}))
+    """
+    result = run_python(code, clean_env(PYTHONPATH=str(KERNEL_STUB)))
+    assert result.json() == {
+        "called": "sgl_kernel.copy_all_layer_kv_cache_cpu is a test stub: this SGLang run reached a CPU kernel",
+        "submodule": "ImportError",
+        "has_other": False,
+    }

@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
-#   make test   install into .venv and .venv-vllm, then lint and run the whole test suite (what .ci/run calls)
+#   make test   install into .venv, .venv-vllm and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
@@ -22,7 +22,16 @@ VERL_TESTS := build/verl-tests
 # Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
 PYTEST_ASYNCIO := pytest-asyncio==1.5.0
 
-.PHONY: install install-vllm demo test bench docs clean verl-tests chromium
+# The real SGLang engine (0.5.21, the last release pinning this torch) for the real-engine tests: its own
+# venv, because sglang pins a transformers that verl 0.9.1 excludes. The wheel goes in --no-deps (its metadata
+# asks for CUDA packages), then the frozen CPU set. PyPI's torchvision registers meta ops of its CUDA-built
+# _C.so at import (`operator torchvision::nms does not exist`); SGLang imports it through transformers' image
+# processors, and text-only runs need none of them: its _meta_registrations is emptied in this venv.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_BIN := $(SGLANG_VENV)/bin
+SGLANG := sglang==0.5.21
+
+.PHONY: install install-vllm install-sglang demo test bench docs clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +40,16 @@ $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	touch $@
 
 install: $(BIN)/msprobe-hooks
+
+$(SGLANG_BIN)/msprobe-hooks: setup.cfg pyproject.toml requirements-sglang.txt
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_BIN)/pip install -q --no-deps $(SGLANG)
+	$(SGLANG_BIN)/pip install -q --no-deps -r requirements-sglang.txt
+	$(SGLANG_BIN)/pip install -q -c requirements-sglang.txt -e .
+	: > "$$($(SGLANG_BIN)/python -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
+	touch $@
+
+install-sglang: $(SGLANG_BIN)/msprobe-hooks
 
 $(VERL_TESTS)/pytest.ini: | $(BIN)/msprobe-hooks
 	$(BIN)/pip download -q --no-deps --no-binary :all: verl==0.9.1 -d $(VERL_SDIST)
@@ -57,16 +76,16 @@ demo: install install-vllm
 chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
-test: install install-vllm verl-tests chromium
+test: install install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
-bench: install install-vllm
+bench: install install-vllm install-sglang
 	$(BIN)/python benchmarks/run_all.py
 
 docs: install
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info msprobe_dump examples/msprobe_dump
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump

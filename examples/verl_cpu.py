@@ -157,8 +157,9 @@ def _free_port() -> int:
 def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64) -> str:
     """A tiny random Qwen2 and a WordLevel tokenizer, saved under ``path`` (reused if present).
 
-    The folder loads in verl's FSDP2 engine here and in the real vLLM engine (``.venv-vllm``), so
-    training and inference dumps of one model can be compared.
+    The folder loads in verl's FSDP2 engine here and in the real vLLM and SGLang engines
+    (``.venv-vllm``, ``.venv-sglang``; SGLang takes the tokenizer files from a folder of their own,
+    see ``tests/real_sglang.py``), so training and inference dumps of one model can be compared.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM

@@ -223,6 +223,7 @@ _RUNNER = "sglang.srt.model_executor.model_runner"
 _FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 _SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 _SERVER_ARGS = "sglang.srt.server_args"
+_SGLANG_RAN_FOR_REAL = ("sglang 0.5.21 on CPU, its offline Engine (tests/test_real_sglang.py)",)
 
 SGLANG_MODEL_RUNNER = Patch(
     name="sglang.model_runner",
@@ -260,6 +261,7 @@ SGLANG_MODEL_RUNNER = Patch(
         Attribute(_SERVER_ARGS, "ServerArgs", "disable_piecewise_cuda_graph", versions=">=0.5.10,<0.5.14"),
         Attribute(_SERVER_ARGS, "ServerArgs", "msprobe_dump_config", versions=">=0.5.11,<0.5.14"),
     ),
+    ran_for_real=_SGLANG_RAN_FOR_REAL,
 )
 
 SGLANG_FORWARD_BATCH = Patch(
@@ -277,6 +279,7 @@ SGLANG_FORWARD_BATCH = Patch(
     # The request fields it reads are in sglang.schedule_batch's contract: that module may still be
     # half-imported when this one's import hook runs (it imports forward_batch_info first).
     contract=(Method(_FORWARD_BATCH, "ForwardBatch.init_new", ("cls", "batch", "model_runner")),),
+    ran_for_real=_SGLANG_RAN_FOR_REAL,
 )
 
 SGLANG_SCHEDULE_BATCH = Patch(
@@ -299,6 +302,7 @@ SGLANG_SCHEDULE_BATCH = Patch(
         Attribute(_SCHEDULE_BATCH, "Req", "rid"),
         Attribute(_SCHEDULE_BATCH, "Req", "origin_input_ids"),
     ),
+    ran_for_real=_SGLANG_RAN_FOR_REAL,  # nothing to wrap there; the fields it guards are read for real
 )
 
 _VLLM_RUNNER = "vllm.v1.worker.gpu_model_runner"

@@ -1,0 +1,115 @@
+"""Cost of the dispatch log on the real SGLang engine (sglang 0.5.21 on CPU in ``.venv-sglang``): generation wall time.
+
+Engines with the same model, the shim and the test ``sgl_kernel`` stub on PYTHONPATH
+(``tests/real_sglang.py``), PAIRS of each kind: with ``DUMP_ON=1`` and no msprobe config (the
+dispatch log alone, as in every rollout of a dumping job), and with ``DUMP_ON`` unset. All stay
+up; each round runs one generation in every engine, in rotating order, so that load from elsewhere
+on the machine falls on all alike. A generation is REQUESTS greedy requests in one ``generate``
+call (decode forwards of REQUESTS rows). Prints the median per engine, the ratio of the log
+engines' median to the others' (target <= 1.02), and the ratio between two engines of the same
+kind: the noise floor an engine carries by itself. Needs ``make install-sglang``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "examples"), str(REPO / "tests")]
+
+REQUESTS = 16
+PROMPT_LEN = 16
+MAX_NEW_TOKENS = 16
+WARMUP = 2
+ROUNDS = 10
+PAIRS = 2
+
+
+def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
+    from real_sglang import CHILD, SGLANG_VENV, engine_env
+
+    environ = engine_env(MSPROBE_HOOKS_OUTPUT_DIR=str(work / name), **env)
+    command = [str(SGLANG_VENV / "bin" / "python"), str(CHILD), str(scenario), "-"]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+    return subprocess.Popen(command, env=environ, cwd=work, text=True, **pipes)
+
+
+def _answer(child: subprocess.Popen) -> str:
+    from real_sglang_child import SERVE
+
+    for line in child.stdout:
+        if line.startswith(SERVE + " "):
+            return line.split(" ", 1)[1].strip()
+    raise RuntimeError(f"the SGLang child exited ({child.wait()}) before answering")
+
+
+def _round(child: subprocess.Popen) -> float:
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    return float(_answer(child))
+
+
+def main() -> int:
+    import verl_cpu
+    from real_sglang import SGLANG_VENV, tokenizer_dir
+
+    if not (SGLANG_VENV / "bin" / "python").exists():
+        print("skipped: .venv-sglang is missing (make install-sglang)")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bench-real-sglang-", dir="/tmp"))
+    children = {}
+    try:
+        model = Path(verl_cpu.build_model_dir(str(work / "model")))
+        wave = [
+            {
+                "id": f"req-{i:03d}",
+                "prompt": [3 + (i + j) % 120 for j in range(PROMPT_LEN)],
+                "max_new_tokens": MAX_NEW_TOKENS,
+            }
+            for i in range(REQUESTS)
+        ]
+        scenario = work / "scenario.json"
+        tokenizer = tokenizer_dir(model, work / "tokenizer")
+        scenario.write_text(
+            json.dumps({"model": str(model), "tokenizer": str(tokenizer), "waves": [wave], "serve": True})
+        )
+        for pair in range(PAIRS):
+            children[f"off-{pair}"] = _start(work, f"off-{pair}", scenario)
+            children[f"log-{pair}"] = _start(work, f"log-{pair}", scenario, DUMP_ON="1")
+        for child in children.values():
+            assert _answer(child) == "ready"
+        times: dict[str, list[float]] = {name: [] for name in children}
+        names = list(children)
+        for index in range(WARMUP + ROUNDS):
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                elapsed = _round(children[name])
+                if index >= WARMUP:
+                    times[name].append(elapsed)
+        lines = sum(len(path.read_text().splitlines()) for path in work.glob("log-*/generate/*/dispatch_log.jsonl"))
+    finally:
+        for child in children.values():
+            child.stdin.close()
+            child.wait(timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"real SGLang (sglang 0.5.21, CPU): {REQUESTS} requests x {MAX_NEW_TOKENS} tokens a generation, {ROUNDS} rounds"
+    )
+    for name, samples in times.items():
+        kind = "DUMP_ON unset" if name.startswith("off") else "DUMP_ON=1, dispatch log only"
+        print(f"  {name}  {kind:<29} {statistics.median(samples) * 1e3:8.1f} ms per generation (median)")
+    kinds = {kind: [t for name, ts in times.items() if name.startswith(kind) for t in ts] for kind in ("off", "log")}
+    off, log = statistics.median(kinds["off"]), statistics.median(kinds["log"])
+    floor = statistics.median(times["off-1"]) / statistics.median(times["off-0"])
+    print(f"  ratio log/off: {log / off:.3f} (target <= 1.02); off-1/off-0: {floor:.3f} (noise floor)")
+    print(f"  {lines} dispatch-log lines written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

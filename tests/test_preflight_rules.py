@@ -327,7 +327,7 @@ def test_an_unreadable_interpolation_is_reported_on_its_key(generate_config):
     ],
 )
 def test_rollout_backend_comes_from_the_config_and_the_installed_packages(overrides, installed, expected, monkeypatch):
-    monkeypatch.setattr(preflight, "installed", lambda distribution: installed and distribution == "vllm-ascend")
+    monkeypatch.setattr(preflight, "installed", lambda module: installed and module == "vllm_ascend")
     config = verl_config.compose(verl_config.verl_config_dir(), "ppo_trainer", overrides)
     assert preflight.rollout_backend(config) == expected
     assert preflight.rollout_backend(config, "sglang") == "sglang"

@@ -1,9 +1,11 @@
-"""Real dump pairs for the compare tests: verl's FSDP2 engine on one side, vLLM's CPU engine on the other.
+"""Real dump pairs for the compare tests: verl's FSDP2 engine on one side, vLLM's or SGLang's CPU engine on the other.
 
-Both sides run as a user runs them: ``examples/cpu_demo.py --model --prompts`` with the shim and
+All sides run as a user runs them: ``examples/cpu_demo.py --model --prompts`` with the shim and
 ``DUMP_ON=1 PROMPTS_ONLY=1``; ``examples/vllm_generate.py`` in the vLLM environment
-(``<repo>/.venv-vllm``) with ``MSPROBE_GENERATE_CONFIG``. Same weights (or a copy with one known
-module changed), same prompts, same request ids, one request per prefill step.
+(``<repo>/.venv-vllm``) with ``MSPROBE_GENERATE_CONFIG``; ``sglang.Engine`` in the SGLang
+environment (``<repo>/.venv-sglang``, ``tests/real_sglang.py``) with SGLang's own
+``msprobe_dump_config`` and ``DUMP_ON=1``. Same weights (or a copy with one known module changed),
+same prompts, same request ids, one request per prefill step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas
 from conftest import REPO, shim_env
+from real_sglang import run_engine, tokenizer_dir
 from real_vllm import VLLM_PYTHON, engine_env
 from verl_runs import HANG_LIMIT_S
 
@@ -24,6 +28,10 @@ EXAMPLES = REPO / "examples"
 sys.path.insert(0, os.fspath(EXAMPLES))
 
 from demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts  # noqa: E402, F401
+from vllm_generate import read_prompts  # noqa: E402
+
+# Tokens generated per prompt on the inference side (a prefill, then decodes align leaves out).
+MAX_NEW_TOKENS = 2
 
 
 def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
@@ -67,6 +75,32 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     return tmp / "actor"
 
 
+def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """SGLang's CPU engine, one prompt per ``generate`` call; returns the inference dump root.
+
+    SGLang 0.5.11+ dumps through its own switch (``msprobe_dump_config``), which needs the
+    ``dump_path`` in the config: a copy of ``config`` names ``tmp/generate``. The radix cache is off,
+    so every prefill holds its whole prompt.
+    """
+    root = tmp / "generate"
+    tmp.mkdir(parents=True, exist_ok=True)
+    native = tmp / "sglang-config.json"
+    native.write_text(json.dumps({**json.loads(Path(config).read_text()), "dump_path": os.fspath(root)}))
+    waves = [
+        [{"id": p["request_id"], "prompt": p["prompt_token_ids"], "max_new_tokens": MAX_NEW_TOKENS}]
+        for p in read_prompts(os.fspath(prompts))
+    ]
+    scenario = {
+        "model": os.fspath(model),
+        "tokenizer": os.fspath(tokenizer_dir(model, tmp / "tokenizer")),
+        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True},
+        "waves": waves,
+    }
+    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1")
+    assert {rid: len(ids) for rid, ids in run.outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
+    return root
+
+
 def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
@@ -86,3 +120,17 @@ def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
     done = subprocess.run([*command, "-o", os.fspath(path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_compare(
+    pairs_file: Path, out: Path, *extra: str, status: int = 0
+) -> tuple[subprocess.CompletedProcess, pandas.DataFrame, pandas.DataFrame]:
+    """``msprobe-hooks compare`` on a pairs file, as a user runs it; its stdout, pairs.csv and modules.csv."""
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(out), "--jobs", "2", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == status, done.stderr
+    return done, pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")

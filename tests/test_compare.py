@@ -26,6 +26,7 @@ from compare_runs import (
     align,
     build_models,
     msprobe_config,
+    run_compare,
     run_training,
     run_vllm,
     write_prompts,
@@ -68,19 +69,6 @@ def l0(setup):
 @pytest.fixture(scope="module")
 def l0_perturbed(setup, l0):
     return _pairs(setup, "l0-perturbed", "statistics", "L0", model=setup[2], train_root=l0[1])[0]
-
-
-def run_compare(
-    pairs_file: Path, out: Path, *extra: str, status: int = 0
-) -> tuple[subprocess.CompletedProcess, pandas.DataFrame, pandas.DataFrame]:
-    done = subprocess.run(
-        [sys.executable, "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(out), "--jobs", "2", *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == status, done.stderr
-    return done, pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")
 
 
 def test_identical_weights_no_divergence(l0, tmp_path):

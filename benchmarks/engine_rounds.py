@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
-SERVE = "SERVE"  # the children's line prefix (engines log to stdout too)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from engine_serve import SERVE  # noqa: E402  (the children's protocol, one definition)
 
 
 def _answer(child: subprocess.Popen) -> str:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
-SERVE = "SERVE"
+from engine_serve import serve  # noqa: E402  (this folder is the script's)
 
 # What SGLang needs on a CPU box (docs/inference-sglang.md): no CUDA graph, a capped KV cache.
 ENGINE_DEFAULTS = {
@@ -65,13 +64,7 @@ def main(scenario_path: str, report_path: str) -> None:
     )
     try:
         if scenario.get("serve"):
-            print(f"{SERVE} ready", flush=True)
-            for line in sys.stdin:
-                if line.strip() != "go":
-                    break
-                began = time.perf_counter()
-                generate(engine, scenario["waves"])
-                print(f"{SERVE} {time.perf_counter() - began:.6f}", flush=True)
+            serve(lambda: generate(engine, scenario["waves"]))
             return
         outputs = generate(engine, scenario["waves"])
     finally:

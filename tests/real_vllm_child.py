@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
-SERVE = "SERVE"
+from engine_serve import serve  # noqa: E402  (this folder is the script's)
+
 ENGINE_DEFAULTS = {
     "enforce_eager": True,
     "dtype": "float32",
@@ -60,13 +60,7 @@ def main(scenario_path: str, report_path: str) -> None:
     llm = LLM(model=scenario["model"], **{**ENGINE_DEFAULTS, **scenario.get("engine", {})})
     engine = llm.llm_engine
     if scenario.get("serve"):
-        print(f"{SERVE} ready", flush=True)
-        for line in sys.stdin:
-            if line.strip() != "go":
-                break
-            began = time.perf_counter()
-            generate(engine, scenario["waves"])
-            print(f"{SERVE} {time.perf_counter() - began:.6f}", flush=True)
+        serve(lambda: generate(engine, scenario["waves"]))
         return
     for _ in range(scenario.get("rounds", 1)):
         outputs, steps = generate(engine, scenario["waves"])

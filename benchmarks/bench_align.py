@@ -16,11 +16,12 @@ import statistics
 import tempfile
 import time
 
-from msprobe_hooks import actor_dump, dispatch_log
 from msprobe_hooks.analysis import align
-from msprobe_hooks.dispatch_log import ScheduledRequest, step_line
+from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest, step_line
+from msprobe_hooks.join_keys import prompt_hash
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.training import actor_dump
 
 REQUESTS = 1000
 DECODES = 99

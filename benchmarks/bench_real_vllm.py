@@ -36,7 +36,7 @@ PAIRS = 2
 
 
 def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
-    from msprobe_hooks.launch import shim_dir
+    from msprobe_hooks.cli.launch import shim_dir
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DUMP_", "MSPROBE_", "PROMPTS_"))}
     rpc = tempfile.mkdtemp(prefix=f"vllm-rpc-{name}", dir=work)

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import torch
 
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.patches import sglang_model_runner
-from msprobe_hooks.patches.sglang_forward_batch import REQUESTS_ATTR, identities
+from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
+from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, identities
 
 Mode = SimpleNamespace(EXTEND=SimpleNamespace(name="EXTEND"), DECODE=SimpleNamespace(name="DECODE"))
 

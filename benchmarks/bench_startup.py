@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from msprobe_hooks.launch import shim_dir
+from msprobe_hooks.cli.launch import shim_dir
 
 HEAVY = ("torch", "msprobe", "verl", "vllm", "sglang", "ray")
 

@@ -50,8 +50,8 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     engine = verl_cpu.make_engine(model_dir)
     from verl.workers.engine.fsdp import transformer_impl
 
-    from msprobe_hooks.actor_dump import dumper
-    from msprobe_hooks.patches import verl_fsdp
+    from msprobe_hooks.patches.verl import fsdp as verl_fsdp
+    from msprobe_hooks.training.actor_dump import dumper
 
     state = dumper()
     recipe = _RecipeCalls(engine, state.debugger(), os.path.join(out_dir, "hand"))
@@ -151,8 +151,8 @@ class _RecipeCalls:
 def _wrapper_cost(calls: int) -> dict[str, float]:
     """Seconds per call of forward_step / forward_backward_batch, patched vs not, in a pass not dumped."""
     from msprobe_hooks import bootstrap
-    from msprobe_hooks.actor_dump import Pass, dumper
-    from msprobe_hooks.patches import verl_fsdp
+    from msprobe_hooks.patches.verl import fsdp as verl_fsdp
+    from msprobe_hooks.training.actor_dump import Pass, dumper
 
     bootstrap.activate({"DUMP_ON": "1", "DUMP_PHASE": "update_actor", "MSPROBE_HOOKS_LOG_LEVEL": "ERROR"})
 

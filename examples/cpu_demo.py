@@ -60,7 +60,7 @@ def main() -> int:
     print(f"\nlog-prob pass: {len(log_probs)} samples; update: loss {metrics['loss']}, grad_norm {grad_norm:.4g}")
 
     from msprobe_hooks import bootstrap
-    from msprobe_hooks.actor_dump import dumper
+    from msprobe_hooks.training.actor_dump import dumper
 
     cfg = bootstrap.current_config()
     if cfg is None:

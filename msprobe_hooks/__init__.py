@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .bootstrap import activate, current_config, deactivate
-from .patching import PatchStatus, status
+from msprobe_hooks.bootstrap import activate, current_config, deactivate
+from msprobe_hooks.patching import PatchStatus, status
 
 __all__ = ["PatchStatus", "__version__", "activate", "current_config", "deactivate", "status"]

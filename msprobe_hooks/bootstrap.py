@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
-from . import config as config_module
-from . import log, patching
-from .config import Config, ConfigError
-from .registry import all_patches
+from msprobe_hooks import config as config_module
+from msprobe_hooks import log, patching
+from msprobe_hooks.config import Config, ConfigError
+from msprobe_hooks.registry import all_patches
 
 _active: Config | None = None
 

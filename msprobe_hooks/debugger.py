@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from .patching import Refusal
+from msprobe_hooks.patching import Refusal
 
 MSPROBE_DISTRIBUTION = "mindstudio-probe"
 MSPROBE_MODULE = "msprobe"
@@ -48,7 +48,7 @@ def existing() -> Any | None:
     return instance if getattr(instance, "initialized", False) else None
 
 
-def get(config_path: str, dump_root: str) -> Any:
+def get_debugger(config_path: str, dump_root: str) -> Any:
     """The process debugger for ``config_path`` dumping under ``dump_root``; created on first use."""
     global _created_for
     with _lock:

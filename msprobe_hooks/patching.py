@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from . import contracts
-from .import_hooks import when_imported
-from .log import logger
-from .registry import Patch
+from msprobe_hooks import contracts
+from msprobe_hooks.import_hooks import when_imported
+from msprobe_hooks.log import logger
+from msprobe_hooks.registry import Patch
 
 WAITING, APPLIED, SKIPPED, FAILED = "waiting", "applied", "skipped", "failed"
 _MARK = "_self_msprobe_hooks_patch"

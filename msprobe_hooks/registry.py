@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from .contracts import ContractItem
+from msprobe_hooks.contracts import ContractItem
 
 
 class Patch(NamedTuple):
@@ -38,7 +38,7 @@ class Patch(NamedTuple):
 
 
 def builtin_patches() -> tuple[Patch, ...]:
-    from .patches import PATCHES
+    from msprobe_hooks.patches import PATCHES
 
     return PATCHES
 

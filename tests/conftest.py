@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from msprobe_hooks.launch import shim_dir
+from msprobe_hooks.cli.launch import shim_dir
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from msprobe_hooks.dispatch_log import step_line
+from msprobe_hooks.inference.dispatch_log import step_line
 
 
 def step_record(**fields) -> dict:
-    """The line :func:`msprobe_hooks.dispatch_log.step_line` writes, read back."""
+    """The line :func:`msprobe_hooks.inference.dispatch_log.step_line` writes, read back."""
     return json.loads(step_line(**fields))

@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import verl_cpu  # noqa: E402
 
 from msprobe_hooks import patching  # noqa: E402
-from msprobe_hooks.actor_dump import DumpRefused  # noqa: E402
+from msprobe_hooks.training.actor_dump import DumpRefused  # noqa: E402
 
 
 class StandinFinder:

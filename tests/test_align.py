@@ -23,8 +23,8 @@ from dispatch_lines import step_record
 
 from msprobe_hooks.analysis import logs
 from msprobe_hooks.analysis import pairs as pairs_file
-from msprobe_hooks.dispatch_log import ScheduledRequest
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest
+from msprobe_hooks.join_keys import prompt_hash
 
 sys.path.insert(0, str(REPO / "examples"))
 import verl_cpu  # noqa: E402  (the demo's samples: the prompts the training side dumped)

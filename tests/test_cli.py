@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, clean_env, shim_env
 
-from msprobe_hooks.launch import shim_dir
+from msprobe_hooks.cli.launch import shim_dir
 
 PROBE = "import json, msprobe_hooks; print(json.dumps(msprobe_hooks.current_config() is not None))"
 

@@ -6,8 +6,8 @@ import os
 
 from dispatch_lines import step_record
 
-from msprobe_hooks import dispatch_log
-from msprobe_hooks.dispatch_log import (
+from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.inference.dispatch_log import (
     FILENAME,
     PromptHashes,
     ScheduledRequest,
@@ -18,7 +18,7 @@ from msprobe_hooks.dispatch_log import (
     phase,
     step_line,
 )
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.join_keys import prompt_hash
 
 
 def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from msprobe_hooks import contracts, doctor, patching, preflight
+from msprobe_hooks import contracts, patching, preflight
+from msprobe_hooks.cli import doctor
 from msprobe_hooks.registry import Patch
 
 VERSION = "3.1.0"

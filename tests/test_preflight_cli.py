@@ -12,8 +12,9 @@ import pytest
 from conftest import REPO, clean_env
 from omegaconf import OmegaConf
 
-from msprobe_hooks import cli, preflight, recipe, verl_config
-from msprobe_hooks.verl_config import ConfigSourceError
+from msprobe_hooks import cli, preflight
+from msprobe_hooks.preflight import recipe, verl_config
+from msprobe_hooks.preflight.verl_config import ConfigSourceError
 
 MAIN = ["python3", "-m", "verl.trainer.main_ppo"]
 
@@ -235,7 +236,8 @@ def test_recipe_passes_verl_s_own_config_validation(generate_config, tmp_path):
     """verl's validate_config (batch divisibility, micro-batch settings) accepts the recipe, FSDP and Megatron."""
     code = f"""
         import json
-        from msprobe_hooks import recipe, verl_config
+        from msprobe_hooks.preflight import recipe
+        from msprobe_hooks.preflight import verl_config
         from verl.utils.config import validate_config
         for backend, engine in (("fsdp", "dp"), ("megatron", "megatron")):
             overrides = recipe.build(backend, 8, tensor_parallel=2 if engine == "megatron" else 1,

@@ -18,10 +18,12 @@ from importlib import metadata
 import pytest
 from conftest import run_python, shim_env
 
-from msprobe_hooks import bootstrap, doctor, patching, preflight, recipe, verl_config
+from msprobe_hooks import bootstrap, patching, preflight
 from msprobe_hooks import config as config_module
-from msprobe_hooks.patches import VERL_PREFLIGHT
-from msprobe_hooks.patches import verl_preflight as implementation
+from msprobe_hooks.cli import doctor
+from msprobe_hooks.patches.verl import VERL_PREFLIGHT
+from msprobe_hooks.patches.verl import preflight as implementation
+from msprobe_hooks.preflight import recipe, verl_config
 
 STAND_IN = """
     import json, sys

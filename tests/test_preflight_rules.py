@@ -14,7 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from msprobe_hooks import config as config_module
-from msprobe_hooks import preflight, recipe, verl_config
+from msprobe_hooks import preflight
+from msprobe_hooks.preflight import recipe, verl_config
 
 GPUS = 4
 

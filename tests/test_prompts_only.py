@@ -16,7 +16,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding
 
 from msprobe_hooks import config as config_module
-from msprobe_hooks import prompts_only
+from msprobe_hooks.training import prompts_only
 
 PROMPT_WIDTH, RESPONSE_WIDTH = 6, 5
 PROMPTS = [[3, 4, 5], [6, 7, 8, 9, 10]]

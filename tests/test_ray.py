@@ -23,7 +23,7 @@ def probe():
 @ray.remote(num_cpus=1)
 class Worker:
     def report(self):
-        from msprobe_hooks.doctor import SPAWN_CHECKS  # a multiprocessing spawn child, as vLLM/SGLang make
+        from msprobe_hooks.cli.doctor import SPAWN_CHECKS  # a multiprocessing spawn child, as vLLM/SGLang make
 
         return {"actor": probe(), "spawned": SPAWN_CHECKS["spawn"]()}
 

@@ -24,7 +24,7 @@ from conftest import SPAWN_CHECKS_WITHOUT_RAY, clean_env, doctor_patches, run_py
 from real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
 from sglang_support import dispatch_log, dumped_modules, step_folders
 
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.join_keys import prompt_hash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import verl_cpu  # noqa: E402

@@ -21,7 +21,7 @@ from conftest import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
 from real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
 from vllm_standin import dispatch_log, dumped_steps
 
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.join_keys import prompt_hash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import verl_cpu  # noqa: E402

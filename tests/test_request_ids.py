@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from msprobe_hooks.records import strip_vllm_suffix
+from msprobe_hooks.join_keys import strip_vllm_suffix
 
 sys.path.insert(0, str(FIXTURES / "verl_standins"))
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 from dispatch_lines import step_record
 
-from msprobe_hooks import patching, records
-from msprobe_hooks.patches import sglang_forward_batch, sglang_model_runner
-from msprobe_hooks.patches.sglang_forward_batch import REQUESTS_ATTR, RequestIdentity, identities
+from msprobe_hooks import join_keys, patching
+from msprobe_hooks.patches.sglang import forward_batch as sglang_forward_batch
+from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
+from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity, identities
 
 
 def batch_requests(batch):
@@ -143,7 +144,7 @@ def test_idle_batch_has_no_rows():
 
 def test_prompt_hash_is_computed_once_per_request(monkeypatch):
     calls = []
-    monkeypatch.setattr(sglang_forward_batch.records, "prompt_hash", lambda ids: calls.append(1) or "h")
+    monkeypatch.setattr(sglang_forward_batch.join_keys, "prompt_hash", lambda ids: calls.append(1) or "h")
     req = SimpleNamespace(rid=17, origin_input_ids=[1, 2, 3])
     first, again = identities([req])[0], identities([req])[0]
     assert first == RequestIdentity("17", 3, "h", True)
@@ -153,7 +154,7 @@ def test_prompt_hash_is_computed_once_per_request(monkeypatch):
 
 def test_identities_use_the_shared_prompt_hash():
     req = SimpleNamespace(rid="r", origin_input_ids=[5, 6, 7])
-    assert identities([req])[0].prompt_hash == records.prompt_hash([5, 6, 7])
+    assert identities([req])[0].prompt_hash == join_keys.prompt_hash([5, 6, 7])
 
 
 def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):

@@ -21,7 +21,7 @@ from sglang_support import (
     write_config,
 )
 
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.join_keys import prompt_hash
 
 MODULES = {
     "Module.embed_tokens.Embedding.forward.0",
@@ -342,7 +342,7 @@ def test_patches_revert_and_never_double_wrap(tmp_path):
         ]
         wrapped = [type(vars(owner)[name]).__name__ for owner, name in targets]
         originals = [vars(owner)[name].__wrapped__ for owner, name in targets]
-        from msprobe_hooks.patches import sglang_model_runner
+        from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
         sglang_model_runner.patch(model_runner)  # a second application
         still_once = vars(model_runner.ModelRunner)["forward"].__wrapped__ is originals[0]
         bootstrap.deactivate()

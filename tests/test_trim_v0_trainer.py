@@ -13,8 +13,8 @@ import pytest
 from conftest import FIXTURES
 from test_prompts_only import PROMPTS, RESPONSE_WIDTH, RESPONSES, _v0_batch
 
-from msprobe_hooks import prompts_only
 from msprobe_hooks.patching import TargetChanged, is_ours, wrap_method
+from msprobe_hooks.training import prompts_only
 
 sys.path.insert(0, str(FIXTURES / "verl_standins"))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from verl_runs import run_engine
 
-from msprobe_hooks import records
+from msprobe_hooks import join_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import verl_cpu  # noqa: E402
@@ -50,7 +50,7 @@ def test_prompts_only_with_dynamic_batches_and_padding_keeps_ranks_in_step(tmp_p
         logged = sorted(
             (s["uid"], s["session_id"], s["prompt_len"], s["prompt_hash"]) for line in lines for s in line["samples"]
         )
-        expected = sorted((s.uid, s.session_id, len(s.prompt), records.prompt_hash(s.prompt)) for s in per_rank[rank])
+        expected = sorted((s.uid, s.session_id, len(s.prompt), join_keys.prompt_hash(s.prompt)) for s in per_rank[rank])
         assert logged == expected
         for line in lines:
             shape = run.dump(line["step"], rank)["Module.model.embed_tokens.FSDPEmbedding.forward.0"]["input_args"][0]

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_python, shim_env
 from verl_runs import OPS, EngineRun, run_engine, write_config
 
-from msprobe_hooks import records
+from msprobe_hooks import join_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import verl_cpu  # noqa: E402
@@ -81,7 +81,7 @@ def _expected_sample(index: int) -> dict:
         "request_id": sample.request_id,
         "request_ids": [sample.request_id],
         "prompt_len": len(sample.prompt),
-        "prompt_hash": records.prompt_hash(sample.prompt),
+        "prompt_hash": join_keys.prompt_hash(sample.prompt),
         "seq_len": len(sample.prompt) + len(sample.response),
     }
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from conftest import REPO, run_python, shim_env
 
-from msprobe_hooks import actor_dump, contracts, records
+from msprobe_hooks import contracts, join_keys
 from msprobe_hooks.patches import PATCHES
+from msprobe_hooks.training import actor_dump
 
 sys.path.insert(0, str(REPO / "examples"))
 import verl_cpu  # noqa: E402
@@ -49,7 +50,7 @@ from verl.utils.profiler.config import PrecisionDebuggerToolConfig, ProfilerConf
 from verl.utils.profiler.profile import DistProfiler
 import verl.workers.engine.fsdp.transformer_impl as fsdp
 from msprobe_hooks import bootstrap, patching
-from msprobe_hooks.actor_dump import DumpRefused
+from msprobe_hooks.training.actor_dump import DumpRefused
 
 def build(enable):
     try:
@@ -123,7 +124,7 @@ def test_v0_layout_prompts_and_prompt_only_micro_batch(mrope: bool) -> None:
     assert actor_dump.prompt_lengths(batch) == [3, 5]
     assert not actor_dump.is_trimmed(batch)
     samples = actor_dump.describe_samples(batch)
-    assert [s.prompt_hash for s in samples] == [records.prompt_hash(p) for p in prompts]
+    assert [s.prompt_hash for s in samples] == [join_keys.prompt_hash(p) for p in prompts]
     assert [(s.request_id, s.request_ids) for s in samples] == [("turn-1", ["turn-1", "turn-2"]), (None, [])]
     assert [s.padding for s in samples] == [False, True]
     assert actor_dump.global_step_of(batch) == 7

@@ -11,7 +11,7 @@ import pytest
 from vllm_standin import STANDINS
 
 from msprobe_hooks import contracts
-from msprobe_hooks.patches import VLLM_ASCEND_MODEL_RUNNER, VLLM_MODEL_RUNNER, VLLM_MODEL_RUNNER_V2
+from msprobe_hooks.patches.vllm import VLLM_ASCEND_MODEL_RUNNER, VLLM_MODEL_RUNNER, VLLM_MODEL_RUNNER_V2
 
 # The stand-ins imitate these releases (their behaviour follows the version their dist-info gives).
 CASES = [

@@ -29,8 +29,8 @@ from vllm_standin import (
     run_scenario,
 )
 
-from msprobe_hooks.patches.vllm_model_runner import randomizes_request_ids
-from msprobe_hooks.records import prompt_hash
+from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.patches.vllm.model_runner import randomizes_request_ids
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_a_failing_forward_keeps_its_exception_and_closes_the_dump(tmp_path):
 
 def test_a_failure_of_ours_never_reaches_vllm(tmp_path, baseline):
     code_before = (
-        "import msprobe_hooks.patches.vllm_model_runner as patch\n"
+        "import msprobe_hooks.patches.vllm.model_runner as patch\n"
         "def broken(*args):\n"
         "    raise KeyError('simulated')\n"
         "patch.scheduled_requests = broken\n"

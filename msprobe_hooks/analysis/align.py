@@ -25,10 +25,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..log import logger
-from . import pairs as pairs_file
-from .dumps import DumpUnreadable, check_readable, dump_path, embedding_tokens
-from .logs import (
+from msprobe_hooks.analysis import pairs as pairs_file
+from msprobe_hooks.analysis.dumps import DumpUnreadable, check_readable, dump_path, embedding_tokens
+from msprobe_hooks.analysis.logs import (
     DISPATCH_LOG,
     TRAINING_LOG,
     DecodeStep,
@@ -39,6 +38,7 @@ from .logs import (
     read_dispatch,
     read_training,
 )
+from msprobe_hooks.log import logger
 
 BACKENDS = ("fsdp", "megatron")
 

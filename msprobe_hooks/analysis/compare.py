@@ -20,8 +20,15 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import dumpfile, names, pairs
-from .statistics import Stats, flat_shape, fuse, statistic_errors, tensor_errors, thresholded_error
+from msprobe_hooks.analysis import dumpfile, names, pairs
+from msprobe_hooks.analysis.statistics import (
+    Stats,
+    flat_shape,
+    fuse,
+    statistic_errors,
+    tensor_errors,
+    thresholded_error,
+)
 
 # Relative error of max/min/norm (tensor mode: ||a-b||/||b||) above which a tensor diverges.
 # Measured (reference/train-vs-vllm-dumps.md): identical weights in fp32 <= 1.3e-6; vLLM in bf16
@@ -350,7 +357,7 @@ def compare_on_ray(
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import report
+    from msprobe_hooks.analysis import report
 
     if not math.isfinite(args.threshold) or args.threshold <= 0:
         print(f"msprobe-hooks compare: --threshold {args.threshold}: expected a positive number", file=sys.stderr)

@@ -1,10 +1,10 @@
 """Reading the two logs ``align`` joins, one line at a time.
 
 * training: ``{actor dump_path}/{pid}/update_actor_log.jsonl``, one line per dumped micro-batch
-  (:mod:`msprobe_hooks.actor_dump`), or the published recipe's lines, which carry only
+  (:mod:`msprobe_hooks.training.actor_dump`), or the published recipe's lines, which carry only
   ``request_ids``/``num_requests``;
 * inference: ``{generate dump_path}/{pid}/dispatch_log.jsonl``, one line per model step
-  (:mod:`msprobe_hooks.dispatch_log`), or the recipe's DispatchLogger lines (``phase`` and rows of
+  (:mod:`msprobe_hooks.inference.dispatch_log`), or the recipe's DispatchLogger lines (``phase`` and rows of
   ``request_id``/``type``/``tokens``).
 
 A line that is not a usable record (not JSON, truncated, no integer ``step``) is reported with its
@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .. import actor_dump, dispatch_log
-from ..records import strip_vllm_suffix
+from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.training import actor_dump
 
 Warn = Callable[[str], None]
 TRAINING_LOG = actor_dump.LOG_FILENAME

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .compare import COMPARED, DIVERGES, FAILED, NO_DIVERGENCE, NOT_COMPARABLE, NOTHING_COMPARED
+from msprobe_hooks.analysis.compare import COMPARED, DIVERGES, FAILED, NO_DIVERGENCE, NOT_COMPARABLE, NOTHING_COMPARED
 
 PLOT = "error_by_depth.png"
 # Columns of modules.csv, in this order (a row lacks what its status does not have).

@@ -1,0 +1,214 @@
+"""The dispatch log: one JSON line per inference model step, the same for every engine.
+
+A line says which requests one model forward ran, in the order their tokens are packed, how
+many tokens each had computed before, the length and hash of each prompt, and whether msprobe
+dumped that forward and under which ``step{N}`` folder. ``align`` uses it to tie a dumped
+prefill to its request and prompt. The vLLM / vLLM-Ascend and SGLang patches build their lines
+here so that both write one schema (``docs/inference-vllm.md`` describes it).
+
+Files are ``{generate dump_path}/{pid}/dispatch_log.jsonl``, written through
+:class:`~msprobe_hooks.jsonl.JsonlLog`: complete lines only, one file per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from msprobe_hooks import debugger as debugger_module
+from msprobe_hooks.join_keys import prompt_hash, timestamp
+from msprobe_hooks.jsonl import JsonlLog, encode
+
+FILENAME = "dispatch_log.jsonl"
+SOURCE = "dispatch_logger"
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's share of a model step, in the engine's packed token order."""
+
+    request_id: str | None  # raw, as the engine sees it (None: the engine did not say)
+    request_id_base: str | None  # the id the client sent (engine suffix stripped)
+    new: bool  # first time the engine schedules it (else it was running, or resumed)
+    tokens: int  # scheduled in this step
+    computed_tokens: int | None  # computed before this step (> 0 on a prefix-cache hit or a later chunk)
+    prompt_len: int | None
+    prompt_hash: str | None  # None when the prompt is not token ids (embeddings), or unknown
+    mode_prefill: bool = False  # what the engine's forward mode says, for rows whose prompt is unknown
+
+    @property
+    def prefill(self) -> bool:
+        """This step computes prompt tokens of the request."""
+        if self.computed_tokens is None or self.prompt_len is None:
+            return self.mode_prefill
+        return self.computed_tokens < self.prompt_len
+
+    @property
+    def full_prefill(self) -> bool:
+        """The whole prompt in this one step, nothing computed before: the row to compare with training."""
+        return self.prefill and self.computed_tokens == 0 and self.tokens == self.prompt_len
+
+
+# ScheduledRequest(*fields), all eight given, without the Python-level __new__ of a NamedTuple:
+# the engines make one per row per step, and that call alone cost a third of the row's budget.
+make_scheduled_request: Callable[[tuple[Any, ...]], ScheduledRequest] = functools.partial(
+    tuple.__new__, ScheduledRequest
+)
+
+
+def _phase(prefill_rows: int) -> str:
+    return "prefill" if prefill_rows else "decode"
+
+
+def phase(requests: Sequence[ScheduledRequest]) -> str:
+    """``prefill`` when any row computes prompt tokens, else ``decode`` (an empty step too).
+
+    The published DispatchLogger's two values: scripts select ``phase == "prefill"``, so a step
+    mixing prefill and decode rows is ``prefill``. ``prefill_requests`` and each row's ``prefill``
+    say which rows are.
+    """
+    return _phase(sum(1 for r in requests if r.prefill))
+
+
+# Every model step of the rollout writes a line, dumped or not, and most of its rows are running
+# requests whose id, prompt length and hash do not change between steps. Their JSON is encoded once
+# per request and kept here; a row then costs one string format instead of a dict and its encoding.
+_RowKey = tuple[str | None, str | None, int | None, str | None]  # request_id, base, prompt_len, prompt_hash
+_row_json: dict[_RowKey, tuple[str, str, str, str]] = {}
+# Dicts, not tuples indexed by the bool: a numpy bool (from numpy counters) must work too.
+_TYPE_JSON = {False: '"cached"', True: '"new"'}  # by ScheduledRequest.new
+_BOOL_JSON = {False: "false", True: "true"}
+
+
+def _encode_row_constants(key: _RowKey) -> tuple[str, str, str, str]:
+    """A row's JSON around its per-step values: before ``type`` and after ``computed_tokens``, then the
+    same for a decode row (cached, not prefill, one token), around its ``offset`` and ``computed_tokens``."""
+    request_id, base, prompt_len, prompt_hash = key
+    head = f'{{"request_id":{encode(request_id)},"request_id_base":{encode(base)},"type":'
+    tail = f',"prompt_len":{encode(prompt_len)},"prompt_hash":{encode(prompt_hash)},"full_prefill":'
+    return head, tail, f'{head}"cached","prefill":false,"tokens":1,"offset":', f"{tail}false}}"
+
+
+def step_line(
+    *,
+    engine: str,
+    engine_version: str | None,
+    rank: int | None,
+    step: int,
+    dumped: bool,
+    requests: Sequence[ScheduledRequest],
+    forward_mode: str | None = None,
+) -> str:
+    """One dispatch-log line, JSON-encoded (published recipe fields first, then what alignment needs).
+
+    ``requests`` rows carry their token ``offset`` in the packed batch. ``forward_mode`` is the
+    engine's own name for the step (SGLang's ForwardMode), when it has one.
+    """
+    if len(_row_json) > 2 * len(requests) + 4096:
+        _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
+    rows = []
+    offset = prefill_rows = 0
+    for request_id, base, new, tokens, computed, prompt_len, hashed_prompt, mode_prefill in requests:
+        key = (request_id, base, prompt_len, hashed_prompt)
+        constants = _row_json.get(key) or _row_json.setdefault(key, _encode_row_constants(key))
+        head, tail, decode_head, decode_tail = constants
+        # ScheduledRequest.prefill and .full_prefill, inline: two property calls cost more than the row
+        prefill = mode_prefill if computed is None or prompt_len is None else computed < prompt_len
+        if tokens == 1 and not (prefill or new or computed is None):  # a running request's decode: most rows
+            rows.append(f'{decode_head}{offset},"computed_tokens":{computed}{decode_tail}')
+        else:
+            full_prefill = prefill and computed == 0 and tokens == prompt_len
+            computed_json = "null" if computed is None else computed
+            rows.append(
+                f'{head}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
+                f'"computed_tokens":{computed_json}{tail}{_BOOL_JSON[full_prefill]}}}'
+            )
+        offset += tokens
+        prefill_rows += prefill
+    record: dict[str, Any] = {
+        "source": SOURCE,
+        "engine": engine,
+        "engine_version": engine_version,
+        "timestamp": timestamp(),
+        "pid": os.getpid(),
+        "rank": rank,
+        "step": step,
+        "dumped": dumped,
+        "phase": _phase(prefill_rows),
+    }
+    if forward_mode is not None:
+        record["forward_mode"] = forward_mode
+    record.update(
+        total_num_scheduled_tokens=offset,
+        num_requests=len(requests),
+        prefill_requests=prefill_rows,  # 0 < it < num_requests: a step mixing prefill and decode rows
+    )
+    return f'{encode(record)[:-1]},"requests":[{",".join(rows)}]}}'
+
+
+def open_log(root: str) -> JsonlLog:
+    """The dispatch log of this process under the generate dump root ``root``."""
+    return JsonlLog(root, FILENAME)
+
+
+def current_rank() -> int:
+    """The torch.distributed rank (the ``rank{R}`` folder msprobe dumps into), 0 when not distributed."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+class StepCounter:
+    """Per-process step numbers that equal msprobe's ``step{N}`` folders.
+
+    While a debugger runs, the number is msprobe's own (read after ``start()``); with no debugger,
+    or once msprobe has shut itself down (its step filter exhausted, after which it stops
+    counting), the count goes on from the last number, so lines never reuse a folder's number.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, debugger: Any | None = None) -> int:
+        with self._lock:
+            if debugger is not None and not debugger_module.has_finished(debugger):
+                number = debugger_module.next_step(debugger)
+            else:
+                number = self._next
+            self._next = number + 1
+            return number
+
+
+class PromptHashes:
+    """``prompt_hash`` per live request, computed once per request.
+
+    Hashing every running request's prompt at every decode step would cost O(prompt length) per
+    row per step. An entry is reused only for the very same token-id object, so a request id that
+    comes back with another prompt (abort and resubmit) gets a fresh hash.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[object, str]] = {}
+
+    def get(self, request_id: str, token_ids: Sequence[int] | None) -> str | None:
+        if token_ids is None:
+            return None
+        known = self._known.get(request_id)
+        if known is not None and known[0] is token_ids:
+            return known[1]
+        value = prompt_hash(token_ids)
+        self._known[request_id] = (token_ids, value)
+        return value
+
+    def retain(self, live: Any) -> bool:
+        """Forget requests not in ``live`` (a container of ids) once finished ones pile up; True if it did."""
+        if len(self._known) <= 2 * len(live) + 64:
+            return False
+        self._known = {k: v for k, v in self._known.items() if k in live}
+        return True

@@ -1,0 +1,73 @@
+"""SGLang ``ForwardBatch.init_new``: carry who is in the batch to ``ModelRunner.forward``.
+
+``ModelRunner.forward`` sees only the ForwardBatch, which never holds prompts and holds request
+ids only from 0.5.10 on. ``init_new`` is the one place, on every version, where the requests are
+in reach: its ``batch`` is a ModelWorkerBatch with ``reqs`` (0.5.6-0.5.12), a ScheduleBatch
+(0.5.13+), or on 0.5.2-0.5.5 a ModelWorkerBatch that the ``sglang.schedule_batch`` patch has
+tagged with the requests in the scheduler thread. The request identities are put on the returned
+ForwardBatch as one attribute that only the ``sglang.model_runner`` patch reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from msprobe_hooks import join_keys, patching
+
+NAME = "sglang.forward_batch"
+# On ForwardBatch (all versions) and on ModelWorkerBatch (0.5.2-0.5.5): tuple[RequestIdentity, ...].
+REQUESTS_ATTR = "_msprobe_hooks_requests"
+# On Req: its RequestIdentity in every batch after its first, made once; its presence marks the request as seen.
+_IDENTITY_ATTR = "_msprobe_hooks_identity"
+
+
+class RequestIdentity(NamedTuple):
+    """One request of a batch, as the dispatch log needs it."""
+
+    request_id: str
+    prompt_len: int
+    prompt_hash: str
+    new: bool  # the first batch this request is in, in this process
+
+
+def identities(reqs: Iterable[Any]) -> tuple[RequestIdentity, ...]:
+    """Identities of SGLang ``Req`` objects, in batch order.
+
+    The identity (prompt hash included) is made once per request and kept on the request, so a
+    decode step of long prompts costs one attribute lookup per request, not a hash.
+    """
+    found = []
+    for req in reqs:
+        seen = getattr(req, _IDENTITY_ATTR, None)
+        if seen is None:
+            ids = req.origin_input_ids
+            seen = RequestIdentity(str(req.rid), len(ids), join_keys.prompt_hash(ids), new=False)
+            setattr(req, _IDENTITY_ATTR, seen)
+            found.append(seen._replace(new=True))
+        else:
+            found.append(seen)
+    return tuple(found)
+
+
+def _init_new(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    forward_batch = wrapped(*args, **kwargs)
+    try:
+        batch = args[0] if args else kwargs["batch"]
+        requests = getattr(batch, REQUESTS_ATTR, None)
+        if requests is None and getattr(batch, "reqs", None) is not None:
+            requests = identities(batch.reqs)
+        if requests is not None:
+            setattr(forward_batch, REQUESTS_ATTR, requests)
+    except Exception as exc:
+        patching.report_failure(NAME, "reading the batch's requests", exc)
+    return forward_batch
+
+
+def patch(module: ModuleType) -> None:
+    patching.wrap_method(module.ForwardBatch, "init_new", _init_new, NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    patching.unwrap_method(module.ForwardBatch, "init_new", NAME)

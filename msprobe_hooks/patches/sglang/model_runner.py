@@ -1,0 +1,329 @@
+"""SGLang ``ModelRunner``: msprobe dumps where SGLang has no switch for them, a dispatch log everywhere.
+
+``__init__`` decides, per runner, who dumps:
+
+* SGLang < 0.5.11 with ``MSPROBE_GENERATE_CONFIG``: we do. The runner gets the process's debugger
+  (``msprobe_hooks.debugger``), as the msprobe recipe's source patch did, and ``forward`` brackets
+  the selected forwards (``MSPROBE_HOOKS_GENERATE_FORWARDS``) with ``start(model, rank_id)`` /
+  ``stop()``, and calls ``step()`` after every forward, so that ``step{N}`` is the N-th forward of
+  the process, as with SGLang's native switch.
+* SGLang >= 0.5.11 with ``--msprobe-dump-config``: SGLang does (its own debugger, its own
+  start/stop/step in ``forward``). We never make a second debugger; we only move its output under
+  ``{dump_path}/{pid}/``, so that engines and scheduler processes never share a folder.
+* otherwise nobody dumps and only the dispatch log is written.
+
+A dump with CUDA graphs on misses everything that runs inside a graph, silently, so ``__init__``
+refuses it before the model loads, naming the flag that fixes it. The dispatch log itself works in
+every mode.
+
+``forward`` writes one line per call to ``{generate dump_path}/{pid}/dispatch_log.jsonl``: which
+requests the forward holds, in token order, how many tokens each, how many were already cached,
+and the msprobe step the forward is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from msprobe_hooks import config as config_module
+from msprobe_hooks import debugger, patching
+from msprobe_hooks.bootstrap import current_config
+from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest, StepCounter, make_scheduled_request
+from msprobe_hooks.jsonl import JsonlLog
+from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity
+
+NAME = "sglang.model_runner"
+NATIVE_FROM = Version("0.5.11")
+_STATE_ATTR = "_msprobe_hooks_runner"
+
+log = logging.getLogger("msprobe_hooks")
+
+# ServerArgs fields that leave a CUDA graph on, by SGLang version: (versions, field, value meaning
+# "graph on", how to turn it off). The catalogue's contract declares the same fields.
+GRAPH_SWITCHES = (
+    (
+        "<0.5.11",
+        "disable_cuda_graph",
+        False,
+        "start SGLang with --disable-cuda-graph (verl: actor_rollout_ref.rollout.enforce_eager=True)",
+    ),
+    (">=0.5.4,<0.5.10", "enable_piecewise_cuda_graph", True, "start SGLang without --enable-piecewise-cuda-graph"),
+    (
+        ">=0.5.10,<0.5.14",
+        "disable_piecewise_cuda_graph",
+        False,
+        "start SGLang with --disable-piecewise-cuda-graph "
+        "(verl: ++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=True)",
+    ),
+)
+# Native dumps that can still meet a graph: 0.5.14+ turns off every graph phase itself.
+_NATIVE_GRAPH_CHECK = SpecifierSet(">=0.5.11,<0.5.14")
+
+
+class GraphModeRefused(RuntimeError):
+    """A dump was asked for while CUDA graphs are on; msprobe would record nothing inside them."""
+
+
+@functools.lru_cache(maxsize=1)
+def sglang_version() -> Version:
+    """The installed SGLang's version, as the catalogue's version gate read it."""
+    from msprobe_hooks.patches import PATCHES
+
+    record = next(p for p in PATCHES if p.name == NAME)
+    raw = patching.installed_version(record)
+    if raw is None:
+        raise patching.TargetChanged("cannot tell which SGLang version is installed")
+    return Version(raw)
+
+
+# --- what a ForwardBatch holds --------------------------------------------------------------------
+
+
+def _identities(forward_batch: Any, count: int) -> list[RequestIdentity | str | None]:
+    """Per row: the identity the forward-batch patch attached, else the bare id (0.5.10+), else None."""
+    attached = getattr(forward_batch, REQUESTS_ATTR, None)
+    if attached is not None and len(attached) == count:
+        return list(attached)
+    rids = getattr(forward_batch, "rids", None)
+    if rids is not None and len(rids) == count:
+        return [str(rid) for rid in rids]
+    return [None] * count
+
+
+def batch_requests(forward_batch: Any) -> tuple[str, list[ScheduledRequest]]:
+    """(forward mode name, request rows in token order) of one ForwardBatch."""
+    mode = forward_batch.forward_mode
+    mode_name = getattr(mode, "name", str(mode))
+    extend_lens = forward_batch.extend_seq_lens_cpu
+    if extend_lens is not None:  # extend-like modes: each row's new tokens follow its cached prefix
+        tokens = [int(n) for n in extend_lens]
+        computed: list[int | None] = [int(n) for n in forward_batch.extend_prefix_lens_cpu]
+    else:  # decode / idle: one token per request, after seq_len - 1 cached ones
+        seq_lens = forward_batch.seq_lens_cpu
+        tokens = [1] * int(forward_batch.batch_size)
+        computed = [n - 1 for n in seq_lens.tolist()] if seq_lens is not None else [None] * len(tokens)
+    rows = []
+    for ident, n, done in zip(_identities(forward_batch, len(tokens)), tokens, computed, strict=True):
+        if isinstance(ident, RequestIdentity):
+            request_id, prompt_len, prompt_hash, new = ident
+            rows.append(make_scheduled_request((request_id, request_id, new, n, done, prompt_len, prompt_hash, False)))
+        else:  # no prompt known: classify by mode (a MIXED batch's decode rows hold one token)
+            prefill = mode_name in ("EXTEND", "SPLIT_PREFILL") or (mode_name == "MIXED" and n > 1)
+            # SGLang keeps the client's id as is: the base id is the id.
+            rows.append(ScheduledRequest(ident, ident, prefill and done == 0, n, done, None, None, prefill))
+    return mode_name, rows
+
+
+# Steps are shared by every runner of the process: target and draft models share one debugger.
+_steps = StepCounter()
+
+
+# --- per runner ------------------------------------------------------------------------------------
+
+_logs: dict[str, JsonlLog] = {}
+_redirected: set[int] = set()  # ids of native debuggers already sent to {dump_path}/{pid}
+_warned_unused_config = False
+
+
+@dataclass
+class _Pending:
+    step: int
+    mode: str
+    rows: list[ScheduledRequest]
+    started: bool
+
+
+@dataclass
+class RunnerDump:
+    """What one ModelRunner dumps and logs, decided once in ``__init__``."""
+
+    debugger: Any | None
+    own: bool  # we start/stop/step the debugger; otherwise SGLang does, or nobody
+    dump_all: bool  # own debugger only: every forward, not just those holding prompt tokens
+    rank_id: int | None  # passed to start() (DP > 1), as SGLang's native switch does
+    engine_version: str
+    log: JsonlLog
+
+    def begin(self, model: Any, forward_batch: Any) -> _Pending:
+        """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
+        mode, rows = batch_requests(forward_batch)
+        pending = _Pending(_steps.take(self.debugger), mode, rows, started=False)
+        if self.own and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
+            # The runner's current model: a weight reload from disk replaces the object.
+            self.debugger.start(model=model, rank_id=self.rank_id)
+            pending.started = True
+        return pending
+
+    def end(self, pending: _Pending) -> None:
+        """After the forward (also one that raised): stop and step our debugger, write the line."""
+        dumped = False
+        if self.debugger is not None:
+            if self.own:
+                if pending.started:
+                    self.debugger.stop()
+                self.debugger.step()
+            dumped = debugger.step_dumped(self.debugger, pending.step)
+        rank = self.rank_id
+        if rank is None and self.debugger is not None:
+            rank = debugger.dump_rank(self.debugger)
+        self.log.write_line(
+            dispatch_log.step_line(
+                engine="sglang",
+                engine_version=self.engine_version,
+                rank=rank if rank is not None else dispatch_log.current_rank(),
+                step=pending.step,
+                dumped=dumped,
+                requests=pending.rows,
+                forward_mode=pending.mode,
+            )
+        )
+
+
+def _log_for(root: str) -> JsonlLog:
+    if root not in _logs:
+        _logs[root] = dispatch_log.open_log(root)
+    return _logs[root]
+
+
+def _generate_root(cfg: config_module.Config) -> str:
+    if cfg.generate_config:
+        dump_path = config_module.read_msprobe_config("MSPROBE_GENERATE_CONFIG", cfg.generate_config).get("dump_path")
+        if dump_path:
+            return str(dump_path)
+    return cfg.generate_dump_root
+
+
+def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
+    try:
+        dbg = debugger.get_debugger(cfg.generate_config, os.path.join(root, str(os.getpid())))
+    except debugger.DebuggerUnavailable as exc:
+        log.error("SGLang forwards are not dumped: %s", exc)
+        return None
+    from msprobe.pytorch import seed_all
+
+    seed_all(mode=True)  # what SGLang's native switch does before it makes its debugger
+    return dbg
+
+
+def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
+    version = sglang_version()
+    for versions, field, graph_on, fix in GRAPH_SWITCHES:
+        if version in SpecifierSet(versions) and getattr(server_args, field) == graph_on:
+            return (
+                f"SGLang {version} is asked to dump forwards with msprobe ({who}) while {field}={graph_on}: "
+                f"msprobe records nothing inside a CUDA graph. To dump, {fix}; or {undo}."
+            )
+    return None
+
+
+def graph_problem(server_args: Any) -> str | None:
+    """Why a dump asked for here would come out empty because of CUDA graphs, or None."""
+    cfg = current_config()
+    version = sglang_version()
+    if version < NATIVE_FROM and cfg is not None and cfg.generate_config:
+        return _graph_refusal(server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
+    if version in _NATIVE_GRAPH_CHECK and server_args.msprobe_dump_config is not None:
+        return _graph_refusal(server_args, "--msprobe-dump-config", "drop --msprobe-dump-config")
+    return None
+
+
+def _setup(runner: Any) -> RunnerDump | None:
+    global _warned_unused_config
+    cfg = current_config()
+    if cfg is None:
+        return None
+    version = str(sglang_version())
+    native = getattr(runner, "msprobe_debugger", None) if sglang_version() >= NATIVE_FROM else None
+    if native is not None:
+        root = os.path.abspath(debugger.dump_root(native))
+        if id(native) not in _redirected:  # the draft runner of a process shares the debugger
+            _redirected.add(id(native))
+            debugger.set_dump_root(native, os.path.join(root, str(os.getpid())))
+        return RunnerDump(native, own=False, dump_all=True, rank_id=None, engine_version=version, log=_log_for(root))
+    root = _generate_root(cfg)
+    ours = None
+    rank_id = None
+    if sglang_version() < NATIVE_FROM and cfg.generate_config:
+        ours = _own_debugger(cfg, root)
+        rank_id = runner.gpu_id if ours is not None and runner.dp_size is not None and runner.dp_size > 1 else None
+    elif cfg.generate_config and not _warned_unused_config:
+        _warned_unused_config = True
+        log.warning(
+            "SGLang %s dumps with its own switch: MSPROBE_GENERATE_CONFIG only places the dispatch log; "
+            "to dump, start SGLang with --msprobe-dump-config %s "
+            "(verl: ++actor_rollout_ref.rollout.engine_kwargs.sglang.msprobe_dump_config=%s)",
+            version,
+            cfg.generate_config,
+            cfg.generate_config,
+        )
+    return RunnerDump(
+        ours,
+        own=ours is not None,
+        dump_all=cfg.generate_forwards == "all",
+        rank_id=rank_id,
+        engine_version=version,
+        log=_log_for(root),
+    )
+
+
+# --- wrappers ------------------------------------------------------------------------------------
+
+
+def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    problem = None
+    try:
+        server_args = inspect.signature(wrapped).bind(*args, **kwargs).arguments["server_args"]
+        problem = graph_problem(server_args)
+    except Exception as exc:  # bad arguments: the wrapped call reports them itself
+        patching.report_failure(NAME, "checking ModelRunner's server_args for CUDA graphs", exc)
+    if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
+        log.error("%s", problem)
+        raise GraphModeRefused(problem)
+    result = wrapped(*args, **kwargs)
+    try:
+        setattr(instance, _STATE_ATTR, _setup(instance))
+    except Exception as exc:
+        patching.report_failure(NAME, "setting up the runner's dump and dispatch log", exc)
+    return result
+
+
+def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    runner: RunnerDump | None = getattr(instance, _STATE_ATTR, None)
+    pending = None
+    if runner is not None:
+        try:
+            pending = runner.begin(instance.model, args[0] if args else kwargs["forward_batch"])
+        except Exception as exc:
+            patching.report_failure(NAME, "starting the forward's dump and log line", exc)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if pending is not None:
+            try:
+                runner.end(pending)  # type: ignore[union-attr]
+            except Exception as exc:
+                patching.report_failure(NAME, "ending the forward's dump and log line", exc)
+
+
+def patch(module: ModuleType) -> None:
+    cls = module.ModelRunner
+    if "server_args" not in inspect.signature(cls.__init__).parameters:
+        raise patching.TargetChanged("ModelRunner.__init__ has no server_args parameter")
+    sglang_version()  # an unreadable version stops the patch here, not in a forward
+    patching.wrap_method(cls, "__init__", _init, NAME)
+    patching.wrap_method(cls, "forward", _forward, NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    patching.unwrap_method(module.ModelRunner, "forward", NAME)
+    patching.unwrap_method(module.ModelRunner, "__init__", NAME)

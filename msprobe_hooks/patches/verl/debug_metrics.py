@@ -1,0 +1,29 @@
+"""PROMPTS_ONLY trim: ``calculate_debug_metrics`` returns early once the batch was trimmed.
+
+It compares rollout and actor log-probs over the response tokens, which the trim removed; the
+published recipe returns fixed zero metrics instead.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.training import prompts_only
+
+PATCH_NAME = "verl.trim_debug_metrics"
+
+
+def _calculate_debug_metrics(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if prompts_only.batch_trimmed():
+        return dict(prompts_only.SKIPPED_DEBUG_METRICS)
+    return wrapped(*args, **kwargs)
+
+
+def patch(module: ModuleType) -> None:
+    wrap_method(module, "calculate_debug_metrics", _calculate_debug_metrics, PATCH_NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    unwrap_method(module, "calculate_debug_metrics", PATCH_NAME)

@@ -1,0 +1,165 @@
+"""Actor micro-batch dumps in verl's Megatron engine (``verl.workers.engine.megatron.transformer_impl``).
+
+Megatron's pipeline schedule owns the micro-batch loop, so the window is opened in
+``MegatronEngineWithLMHead.forward_step`` (called by the schedule once per micro-batch, with 3
+arguments before verl 0.8 and 4 since: only ``batch_iter`` and ``model`` come first in both) and
+closed from ``postprocess_micro_batch_func`` (the schedule's loss function, which also receives
+the micro-batch): at once in a log-prob pass, after the backward from its loss in an update.
+``MegatronEngine.forward_backward_batch`` makes each call a pass.
+
+With ``PROMPTS_ONLY=1`` and pipeline parallel size 1, ``forward_step`` of a log-prob pass takes
+the micro-batch out of ``batch_iter`` itself, runs the engine's own ``forward_step`` once per
+sample on that sample's prompt alone (dumped, under ``no_grad``), then the real one on the same
+micro-batch (undumped). With pipeline parallelism the schedule's point-to-point exchanges leave
+no room for an extra forward: ``prompts_only.mode`` makes that a trim, done by the trainer.
+
+Only the last pipeline stage dumps (it holds the output layer and the loss). The window binds
+every model chunk of the rank. Refused clearly: virtual pipeline parallelism (a micro-batch's
+forward and backward interleave with other micro-batches across chunks); ``PROMPTS_ONLY=1``
+with pipeline parallelism on a batch the trainer did not trim; ``PROMPTS_ONLY=1`` with router
+replay or dynamic context parallelism, whose per-micro-batch state an extra forward would
+disturb.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from msprobe_hooks import bootstrap, patching
+from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training.actor_dump import DumpRefused, dumper, is_trimmed
+
+PATCH_NAME = "verl.megatron_engine"
+
+
+def _batch_iter(args: tuple, kwargs: dict) -> Any:
+    return args[0] if args else kwargs["batch_iter"]
+
+
+def _with_batch_iter(args: tuple, kwargs: dict, batch_iter: Any) -> tuple[tuple, dict]:
+    """The ``forward_step`` arguments with ``batch_iter`` in place of the schedule's iterator."""
+    if args:
+        return (batch_iter, *args[1:]), kwargs
+    return args, {**kwargs, "batch_iter": batch_iter}
+
+
+def patch(module: ModuleType) -> None:
+    import torch
+    from verl.utils.device import get_device_id
+
+    mpu = getattr(module, "mpu", None)  # megatron.core.parallel_state, as the target imports it
+    if not callable(getattr(mpu, "is_pipeline_last_stage", None)):
+        raise patching.TargetChanged(f"{module.__name__} no longer imports megatron.core.parallel_state as mpu")
+    value_head = module.MegatronEngineWithValueHead
+
+    def is_actor(engine: Any) -> bool:
+        return (
+            not engine.engine_config.forward_only
+            and not isinstance(engine, value_head)
+            and mpu.is_pipeline_last_stage(ignore_virtual=True)
+        )
+
+    def prompts_only_mode(engine: Any) -> str:
+        # The trainer reads the same size from actor.megatron, so both sides agree on trimming.
+        return prompts_only.mode(bootstrap.current_config(), engine.engine_config.pipeline_model_parallel_size)
+
+    def refuse(instance: Any, phase: str, data: Any) -> None:
+        if len(instance.module) > 1:
+            raise DumpRefused(
+                f"DUMP_ON=1 with virtual pipeline parallelism ({len(instance.module)} model chunks per rank) "
+                "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
+                "set virtual_pipeline_model_parallel_size to null for the collection run"
+            )
+        if phase != "log_prob" or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
+            return
+        if prompts_only_mode(instance) == prompts_only.TRIM:
+            if not is_trimmed(data):
+                raise DumpRefused(
+                    "PROMPTS_ONLY=1 with pipeline parallel size "
+                    f"{instance.engine_config.pipeline_model_parallel_size} on the Megatron engine: the batch "
+                    "still has its responses (the trainer's trim did not run) and the pipeline schedule leaves "
+                    "no room for an extra prompt-only forward; use PROMPTS_ONLY=trim (collection runs only)"
+                )
+            return
+        # Both keep per-micro-batch state in the engine that an extra forward would disturb:
+        # recorded routes (R2) or replayed ones (R3); a context-parallel layout per micro-batch.
+        if getattr(instance, "enable_routing_replay", False):  # verl >= 0.7.1
+            raise DumpRefused(
+                "PROMPTS_ONLY=1 with router replay on the Megatron engine: an extra prompt-only forward "
+                "would record or replay routes of its own; set router_replay.mode=disabled for the "
+                "collection run, or use PROMPTS_ONLY=trim"
+            )
+        if getattr(instance.engine_config, "dynamic_context_parallel", False):  # verl >= 0.8
+            raise DumpRefused(
+                "PROMPTS_ONLY=1 with dynamic context parallelism on the Megatron engine: its micro-batches "
+                "are laid out per context-parallel group, which a one-prompt forward does not fit; set "
+                "dynamic_context_parallel=False for the collection run, or use PROMPTS_ONLY=trim"
+            )
+
+    def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor, refuse)
+
+    def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = dumper()
+        current = state.begin_micro_batch(instance)
+        if current is None:
+            return wrapped(*args, **kwargs)
+        mode = patching.guarded(
+            PATCH_NAME, "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF
+        )
+        if current.phase == "log_prob" and mode == prompts_only.FORWARD:
+            # Take the micro-batch now; the real forward_step gets it back through an iterator of its own.
+            micro_batch = next(_batch_iter(args, kwargs))
+            args, kwargs = _with_batch_iter(args, kwargs, iter([micro_batch]))
+
+            def prompt_forward(batch: Any) -> None:
+                # Its output and loss function are dropped: nothing of it reaches the schedule.
+                one_args, one_kwargs = _with_batch_iter(args, kwargs, iter([batch]))
+                with torch.no_grad():
+                    wrapped(*one_args, **one_kwargs)
+
+            def prompt_forwards() -> bool:
+                if is_trimmed(micro_batch):
+                    return False
+                state.prompt_only_forwards(
+                    current,
+                    micro_batch,
+                    list(instance.module),
+                    prompt_forward,
+                    instance.get_data_parallel_group(),
+                    get_device_id(),
+                )
+                return True
+
+            if patching.guarded(PATCH_NAME, "the prompt-only forwards", prompt_forwards, default=True):
+                return wrapped(*args, **kwargs)
+        # The micro-batch is next(batch_iter), taken inside; postprocess names it.
+        state.open(list(instance.module), current, "micro_batch")
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException:
+            state.close()
+            raise
+
+    def postprocess_micro_batch_func(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = dumper()
+        current = state.current
+        if current is None or not current.due or current.engine is not instance or not state.window_open:
+            return wrapped(*args, **kwargs)
+        state.attach(kwargs["data"] if "data" in kwargs else args[1])
+        result = wrapped(*args, **kwargs)
+        state.forward_done(current.phase, result)
+        return result
+
+    patching.wrap_method(module.MegatronEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)
+    patching.wrap_method(module.MegatronEngineWithLMHead, "forward_step", forward_step, PATCH_NAME)
+    patching.wrap_method(
+        module.MegatronEngineWithLMHead, "postprocess_micro_batch_func", postprocess_micro_batch_func, PATCH_NAME
+    )
+
+
+def unpatch(module: ModuleType) -> None:
+    patching.unwrap_method(module.MegatronEngineWithLMHead, "postprocess_micro_batch_func", PATCH_NAME)
+    patching.unwrap_method(module.MegatronEngineWithLMHead, "forward_step", PATCH_NAME)
+    patching.unwrap_method(module.MegatronEngine, "forward_backward_batch", PATCH_NAME)

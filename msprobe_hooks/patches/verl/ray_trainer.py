@@ -1,0 +1,33 @@
+"""PROMPTS_ONLY trim in verl's v0 trainer (``RayPPOTrainer``, DataProto batches).
+
+The batch is cut in place on entry to ``_compute_old_log_prob``, so ``fit`` (which holds the same
+DataProto) goes on with the prompt-only batch: ref log-probs, values, advantages and the update.
+Subclasses that call it through ``super()`` (the fully-async and separation trainers) are covered.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from msprobe_hooks import bootstrap
+from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.training import prompts_only
+
+PATCH_NAME = "verl.trim_ray_trainer"
+
+
+def _compute_old_log_prob(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0] if args else kwargs.get("batch")
+    prompts_only.trim_before_old_log_prob(
+        bootstrap.current_config(), getattr(instance, "config", None), lambda: prompts_only.trim_padded(batch.batch)
+    )
+    return wrapped(*args, **kwargs)
+
+
+def patch(module: ModuleType) -> None:
+    wrap_method(module.RayPPOTrainer, "_compute_old_log_prob", _compute_old_log_prob, PATCH_NAME)
+
+
+def unpatch(module: ModuleType) -> None:
+    unwrap_method(module.RayPPOTrainer, "_compute_old_log_prob", PATCH_NAME)

@@ -1,0 +1,189 @@
+"""``msprobe-hooks recipe``: the overrides and exports that satisfy every preflight rule.
+
+Appended to a launch command (Hydra lets the last value of a key win), they turn a training script
+into a consistency collection run. Two settings are not pairing constraints but make that run work:
+``rollout.agent.num_workers=1`` (the legacy agent loop splits a batch of DP samples evenly over its
+workers) and ``trainer.total_training_steps=1`` (one step is all a collection needs). The test suite
+composes verl's config with this output and checks that preflight finds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from msprobe_hooks.contracts import module_version
+from msprobe_hooks.preflight import (
+    ACTOR,
+    ASCEND_DUMP_KEYS,
+    GENERATE_CONFIG_PLACEHOLDER,
+    REF,
+    ROLLOUT,
+    ROLLOUT_BACKENDS,
+    SGLANG_DUMP_KEY,
+    SKIP_KEYS,
+    hydra_value,
+    installed,
+)
+
+TRAINING_BACKENDS = ("fsdp", "megatron")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Exports for the job's environment, and Hydra overrides for its command line."""
+
+    environ: dict[str, str]
+    overrides: list[str]
+    notes: list[str]
+
+
+def default_rollout_backend() -> str:
+    """The rollout engine installed here: vLLM-Ascend, else GPU vLLM, else SGLang; vLLM-Ascend when none is."""
+    for backend, module in (("vllm-ascend", "vllm_ascend"), ("vllm", "vllm"), ("sglang", "sglang")):
+        if installed(module):
+            return backend
+    return "vllm-ascend"
+
+
+def skip_switches(verl_version: str | None) -> tuple[str, ...]:
+    """The rollout-skip switches of a verl version (the 0.9 layout for an unknown or missing verl)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        version = Version(verl_version or module_version("verl") or "")
+    except InvalidVersion:
+        return SKIP_KEYS[:3]
+    if version < Version("0.8"):
+        return (f"{ROLLOUT}.skip_rollout",)
+    if version < Version("0.9"):
+        return (f"{ROLLOUT}.skip.enable",)
+    return SKIP_KEYS[:3]
+
+
+def build(
+    backend: str,
+    gpus: int,
+    nnodes: int = 1,
+    rollout: str = "vllm-ascend",
+    generate_config: str | None = None,
+    tensor_parallel: int = 1,
+    expert_parallel: int = 1,
+    verl_version: str | None = None,
+) -> Recipe:
+    """The recipe for ``gpus`` cards per node on ``nnodes`` nodes; raises ValueError for impossible layouts.
+
+    ``verl_version`` (default: the installed one) picks where the rollout-skip switches live.
+    """
+    if backend not in TRAINING_BACKENDS:
+        raise ValueError(f"--backend {backend!r}: accepted: {', '.join(TRAINING_BACKENDS)}")
+    if rollout not in ROLLOUT_BACKENDS:
+        raise ValueError(f"--rollout {rollout!r}: accepted: {', '.join(ROLLOUT_BACKENDS)}")
+    if gpus < 1 or nnodes < 1 or tensor_parallel < 1 or expert_parallel < 1:
+        raise ValueError("--gpus, --nnodes, --tp and --ep must be at least 1")
+    world = gpus * nnodes
+    if backend == "megatron" and world % tensor_parallel:
+        raise ValueError(f"--tp {tensor_parallel} does not divide the {world} cards")
+    data_parallel = world // tensor_parallel if backend == "megatron" else world
+    values: dict[str, object] = {
+        "trainer.n_gpus_per_node": gpus,
+        "trainer.nnodes": nnodes,
+        "data.train_batch_size": 1,
+        f"{ACTOR}.ppo_mini_batch_size": 1,
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu": 1,
+        f"{ACTOR}.ppo_micro_batch_size": None,
+        f"{REF}.log_prob_micro_batch_size_per_gpu": 1,
+        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu": 1,
+        f"{ROLLOUT}.n": data_parallel,
+        "actor_rollout_ref.model.use_remove_padding": True,
+        f"{ACTOR}.use_dynamic_bsz": False,
+        f"{REF}.log_prob_use_dynamic_bsz": False,
+        f"{ROLLOUT}.log_prob_use_dynamic_bsz": False,
+        "trainer.balance_batch": False,
+        "trainer.val_before_train": False,
+        **dict.fromkeys(skip_switches(verl_version), False),
+        f"{ROLLOUT}.enforce_eager": True,
+        f"{ROLLOUT}.enable_prefix_caching": False,
+        f"{ROLLOUT}.enable_chunked_prefill": False,
+        f"{ROLLOUT}.data_parallel_size": 1,
+        "algorithm.rollout_correction.rollout_is": None,
+        "algorithm.rollout_correction.rollout_rs": None,
+        "algorithm.rollout_correction.rollout_rs_threshold": None,
+        "algorithm.rollout_correction.rollout_is_batch_normalize": False,
+        "algorithm.rollout_correction.bypass_mode": False,
+        "global_profiler.tool": None,
+        f"{ROLLOUT}.agent.num_workers": 1,
+        "trainer.total_training_steps": 1,
+    }
+    if backend == "fsdp":
+        values[f"{ACTOR}.ulysses_sequence_parallel_size"] = 1
+        values[f"{REF}.ulysses_sequence_parallel_size"] = 1
+        values[f"{ROLLOUT}.tensor_model_parallel_size"] = world
+    else:
+        layout = {
+            "tensor_model_parallel_size": tensor_parallel,
+            "pipeline_model_parallel_size": 1,  # verl's vLLM rollout has no PP > 1
+            "expert_model_parallel_size": expert_parallel,
+            "context_parallel_size": 1,
+        }
+        for role in (ACTOR, REF):
+            values.update({f"{role}.megatron.{name}": size for name, size in layout.items()})
+        values[f"{ROLLOUT}.tensor_model_parallel_size"] = tensor_parallel
+        values[f"{ROLLOUT}.pipeline_model_parallel_size"] = 1
+        values[f"{ROLLOUT}.expert_parallel_size"] = expert_parallel
+    overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
+    environ = {"TORCHDYNAMO_DISABLE": "1"}
+    path = generate_config or GENERATE_CONFIG_PLACEHOLDER
+    notes = [f"rollout backend: {rollout}; training: {backend}, {world} cards, DP {data_parallel}"]
+    if rollout == "vllm-ascend":
+        overrides.append(f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(path)}")
+    else:
+        # SGLang >= 0.5.11 also takes ++{SGLANG_DUMP_KEY}; the variable works with every version.
+        environ["MSPROBE_GENERATE_CONFIG"] = path
+    if generate_config is None:
+        notes.append(f"replace {GENERATE_CONFIG_PLACEHOLDER} with your inference msprobe config (--generate-config)")
+    if rollout == "sglang":
+        notes.append(f"SGLang >= 0.5.11 can take ++{SGLANG_DUMP_KEY}=PATH instead of MSPROBE_GENERATE_CONFIG")
+    return Recipe(environ, overrides, notes)
+
+
+def lines(recipe: Recipe) -> list[str]:
+    """The recipe as shell text: exports, then the overrides one per line with continuations."""
+    text = ["# environment of the job"]
+    text += [f"export {name}={value}" for name, value in recipe.environ.items()]
+    text.append("# append to the launch command (the last value of a key wins)")
+    text += [f"    {override} \\" for override in recipe.overrides[:-1]]
+    text.append(f"    {recipe.overrides[-1]}")
+    return text
+
+
+def command(
+    backend: str,
+    gpus: int,
+    nnodes: int,
+    rollout: str | None,
+    generate_config: str | None,
+    tensor_parallel: int,
+    expert_parallel: int,
+    out: Callable[[str], None],
+    err: Callable[[str], None],
+) -> int:
+    """``msprobe-hooks recipe``: print the recipe (stdout) and its notes (stderr); 2 for an impossible layout."""
+    try:
+        recipe = build(
+            backend,
+            gpus,
+            nnodes=nnodes,
+            rollout=rollout or default_rollout_backend(),
+            generate_config=generate_config,
+            tensor_parallel=tensor_parallel,
+            expert_parallel=expert_parallel,
+        )
+    except ValueError as exc:
+        err(f"msprobe-hooks recipe: error: {exc}")
+        return 2
+    for note in recipe.notes:
+        err(f"# {note}")
+    for line in lines(recipe):
+        out(line)
+    return 0

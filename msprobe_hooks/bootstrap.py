@@ -30,14 +30,8 @@ def activate(environ: dict[str, str] | None = None) -> Config | None:
     try:
         patches = all_patches(cfg.extra_patches)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        raw = env.get(config_module.PREFIX + "EXTRA_PATCHES", "")
-        why = f"{type(exc).__name__}: {exc}"
-        raise ConfigError(
-            [
-                f"{config_module.PREFIX}EXTRA_PATCHES={raw!r} is not valid ({why}); "
-                "accepted: module:attribute references to Patch records"
-            ]
-        ) from None
+        name = config_module.PREFIX + "EXTRA_PATCHES"
+        raise ConfigError([config_module.invalid(name, env.get(name, ""), f"{type(exc).__name__}: {exc}")]) from None
     config_module.check_patch_names(cfg, [p.name for p in patches])
     log.set_level(cfg.log_level)
     env.update(config_module.pinned_environment(cfg, env))

@@ -1,9 +1,11 @@
 """Every environment variable msprobe-hooks reads: names, defaults, parsing and validation.
 
-This module is the single owner of the environment contract (DESIGN.md §3). Other modules get
-values from the :class:`Config` that :func:`load` returns; nothing else reads ``os.environ``
-for these names. ``docs/env-reference.md`` is generated from :data:`VARIABLES`
-(``python scripts/gen_docs.py``).
+This module is the single owner of the environment contract (DESIGN.md §3). Each
+:class:`Variable` record is the one statement of its variable: the :class:`Config` field it
+fills, its default, how it is parsed and what it accepts; :func:`load`, the error messages and
+``docs/env-reference.md`` (``python scripts/gen_docs.py``) all read the records. Other modules
+get values from the :class:`Config` that :func:`load` returns; nothing else reads ``os.environ``
+for these names.
 
 Paths are resolved once, in the first process that activates, and written back to the
 environment as absolute paths (:func:`pinned_environment`): Ray workers and engine subprocesses
@@ -13,8 +15,9 @@ inherit the environment but not the launching shell's working directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 PREFIX = "MSPROBE_HOOKS_"
 
@@ -22,11 +25,12 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 BOOL_VALUES = "1/0, true/false, yes/no, on/off"
 
-DUMP_PHASES = ("log_prob", "update_actor", "all")
-PROMPTS_ONLY_MODES = ("off", "forward", "trim")
-GENERATE_FORWARDS = ("prefill", "all")
+# The values of the choice variables, named for the modules that act on them.
+DUMP_PHASES = (LOG_PROB, UPDATE_ACTOR, EVERY_PHASE) = ("log_prob", "update_actor", "all")
+PROMPTS_ONLY_MODES = ("off", "forward", "trim")  # named in training/prompts_only.py
+GENERATE_FORWARDS = (PREFILL_FORWARDS, EVERY_FORWARD) = ("prefill", "all")
+PREFLIGHT_MODES = (PREFLIGHT_WARN, PREFLIGHT_ERROR) = ("warn", "error")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-PREFLIGHT_MODES = ("warn", "error")
 DUMP_DIR_ACCEPTED = "a directory path this process can create or write into"
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
@@ -43,98 +47,270 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+def _bad(name: str, raw: str, accepted: str, why: str = "") -> str:
+    reason = f" ({why})" if why else ""
+    return f"{name}={raw!r} is not valid{reason}; accepted: {accepted}"
+
+
+# --- the kinds of value: each one parses a raw value and says what it accepts ---------------------
+
+
+class Kind(Protocol):
+    @property
+    def accepted(self) -> str:
+        """What the docs and the error messages say is accepted."""
+
+    def parse(self, name: str, raw: str, cwd: str) -> object:
+        """The value of ``raw`` (blank: the default, itself blank for some); raise ValueError with one line."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A boolean switch."""
+
+    accepted: str = BOOL_VALUES
+
+    def parse(self, name: str, raw: str, cwd: str) -> bool:
+        return parse_bool(name, raw)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values``, in any case; ``aliases`` are other spellings of one of them."""
+
+    values: tuple[str, ...]
+    aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
+    upper: bool = False
+
+    @property
+    def accepted(self) -> str:
+        spellings = "".join(f" ({alias} = {value})" for alias, value in self.aliases.items())
+        return ", ".join(self.values) + spellings
+
+    def parse(self, name: str, raw: str, cwd: str) -> str:
+        value = raw.strip().upper() if self.upper else raw.strip().lower()
+        value = self.aliases.get(value, value)
+        if value not in self.values:
+            raise ValueError(_bad(name, raw, self.accepted))
+        return value
+
+
+@dataclass(frozen=True)
+class FlagOr:
+    """A switch (``off`` / ``on``) that also takes the words of ``others``, which stand for themselves."""
+
+    off: str
+    on: str
+    others: tuple[str, ...]
+
+    @property
+    def accepted(self) -> str:
+        return ", ".join(("0", "1", *self.others)) + " (and true/false, yes/no)"
+
+    def parse(self, name: str, raw: str, cwd: str) -> str:
+        value = raw.strip().lower()
+        if value in self.others:
+            return value
+        try:
+            return self.on if parse_bool(name, raw) else self.off
+        except ValueError:
+            raise ValueError(_bad(name, raw, self.accepted)) from None
+
+
+@dataclass(frozen=True)
+class MsprobeConfig:
+    """The path of an msprobe config.json, made absolute and checked (:func:`read_msprobe_config`)."""
+
+    accepted: str = "path to an msprobe config.json"
+
+    def parse(self, name: str, raw: str, cwd: str) -> str | None:
+        if not raw.strip():
+            return None
+        path = _absolute(raw.strip(), cwd)
+        read_msprobe_config(name, path)
+        return path
+
+
+@dataclass(frozen=True)
+class DumpDir:
+    """A directory made absolute, that this process can create or write into (:func:`unwritable`)."""
+
+    accepted: str = DUMP_DIR_ACCEPTED
+
+    def parse(self, name: str, raw: str, cwd: str) -> str:
+        raw = raw.strip()
+        path = _absolute(raw, cwd)
+        why = unwritable(path)
+        if why:
+            raise ValueError(_bad(name, raw, self.accepted, why))
+        return path
+
+
+@dataclass(frozen=True)
+class Names:
+    """Comma-separated names, as a set (which names exist is checked later: :func:`check_patch_names`)."""
+
+    accepted: str
+
+    def parse(self, name: str, raw: str, cwd: str) -> frozenset[str]:
+        return frozenset(_split(raw))
+
+
+@dataclass(frozen=True)
+class References:
+    """Comma-separated ``module:attribute`` references, in order."""
+
+    accepted: str = "comma-separated module:attribute references to Patch records"
+
+    def parse(self, name: str, raw: str, cwd: str) -> tuple[str, ...]:
+        refs = _split(raw)
+        for ref in refs:
+            module, _, attribute = ref.partition(":")
+            if not module or not attribute:
+                raise ValueError(_bad(name, raw, self.accepted))
+        return refs
+
+
 class Variable(NamedTuple):
-    """One environment variable of the contract, as the docs and ``doctor`` show it."""
+    """One environment variable of the contract: what it fills, its default, what it accepts, what it means.
+
+    ``default`` is the raw value an unset (or blank) variable is read as; ``shown_default`` is how
+    the docs show it when that says more. ``field`` is the :class:`Config` field the parsed value
+    fills ('' for a variable that is not ours). ``suggested`` is what ``msprobe-hooks env`` exports
+    when it is unset ('' : nothing).
+    """
 
     name: str
+    field: str
+    kind: Kind
     default: str
-    accepted: str
     meaning: str
+    shown_default: str = ""
+    suggested: str = ""
+
+    @property
+    def accepted(self) -> str:
+        return self.kind.accepted
+
+    @property
+    def default_text(self) -> str:
+        return self.shown_default or self.default
+
+    def parse(self, raw: str | None, cwd: str) -> object:
+        """The value of ``raw`` (None: unset); ValueError with one line naming the variable."""
+        return self.kind.parse(self.name, raw if raw is not None and raw.strip() else self.default, cwd)
 
 
 VARIABLES: tuple[Variable, ...] = (
-    Variable("DUMP_ON", "0", BOOL_VALUES, "Master switch. Off: the shim returns having imported nothing."),
+    Variable("DUMP_ON", "enabled", Flag(), "0", "Master switch. Off: the shim returns having imported nothing."),
     Variable(
         "DUMP_PHASE",
-        "log_prob",
-        "log_prob, update_actor, all (forward_only = log_prob)",
+        "dump_phase",
+        Choice(DUMP_PHASES, aliases={"forward_only": LOG_PROB}),
+        LOG_PROB,
         "Which actor phase is dumped: the log-prob recomputation, the update (forward and backward), or both.",
+        suggested=LOG_PROB,
     ),
     Variable(
         "PROMPTS_ONLY",
+        "prompts_only",
+        FlagOr(off=PROMPTS_ONLY_MODES[0], on=PROMPTS_ONLY_MODES[1], others=PROMPTS_ONLY_MODES[2:]),
         "0",
-        "0, 1, trim (and true/false, yes/no)",
         "1: the log-prob dump is an extra prompt-only forward per sample, training maths unchanged. "
         "trim: cut the responses off the batch as the published recipe does (collection runs only).",
+        suggested="1",
     ),
     Variable(
         "MSPROBE_ACTOR_CONFIG",
-        "built-in (statistics, level mix)",
-        "path to an msprobe config.json",
+        "actor_config",
+        MsprobeConfig(),
+        "",
         "Training-side msprobe config. Its dump_path (default $MSPROBE_HOOKS_OUTPUT_DIR/actor; relative "
         "paths are taken from the config file's folder) is the training dump root, checked as "
         "MSPROBE_HOOKS_OUTPUT_DIR is.",
+        shown_default="built-in (statistics, level mix)",
     ),
     Variable(
         "MSPROBE_GENERATE_CONFIG",
-        "unset",
-        "path to an msprobe config.json",
+        "generate_config",
+        MsprobeConfig(),
+        "",
         "Inference-side config for engines without a native msprobe switch (SGLang < 0.5.11, GPU vLLM). "
         "Default dump_path: $MSPROBE_HOOKS_OUTPUT_DIR/generate.",
+        shown_default="unset",
     ),
     Variable(
         PREFIX + "GENERATE_FORWARDS",
-        "prefill",
-        ", ".join(GENERATE_FORWARDS),
+        "generate_forwards",
+        Choice(GENERATE_FORWARDS),
+        PREFILL_FORWARDS,
         "Which inference forwards the library's own debugger dumps (SGLang < 0.5.11): prefill = those "
         "holding prompt tokens; all = every forward, as SGLang's native switch does. Every forward still "
         "counts as one msprobe step and gets a dispatch-log line.",
     ),
     Variable(
         PREFIX + "OUTPUT_DIR",
-        "./msprobe_dump, made absolute in the first process",
-        DUMP_DIR_ACCEPTED,
+        "output_dir",
+        DumpDir(),
+        "msprobe_dump",  # checked too: it is pinned, and so checked, in every later process anyway
         "Root of the default dump folders and logs. Checked at start-up on its nearest existing folder "
         "(nothing is created): a read-only mount, /proc or a file in the way stops the process.",
+        shown_default="./msprobe_dump, made absolute in the first process",
     ),
     Variable(
         PREFIX + "STRICT",
+        "strict",
+        Flag(),
         "0",
-        BOOL_VALUES,
         "Raise instead of logging and stepping aside when a patch cannot be applied, or when our own work "
         "inside a patched call fails (CI, development).",
     ),
     Variable(
         PREFIX + "DISABLE",
-        "empty",
-        "comma-separated patch names, or * for all",
+        "disabled",
+        Names("comma-separated patch names, or * for all"),
+        "",
         "Patches not to apply; names are in docs/patches.md and `msprobe-hooks doctor`.",
+        shown_default="empty",
     ),
     Variable(
         PREFIX + "PREFLIGHT",
-        "error",
-        ", ".join(PREFLIGHT_MODES),
+        "preflight",
+        Choice(PREFLIGHT_MODES),
+        PREFLIGHT_ERROR,
         "What the consistency preflight does with its findings when verl starts a PPO run: error stops the "
         "run before Ray starts, listing every finding; warn logs them and goes on. To skip the check, "
         "MSPROBE_HOOKS_DISABLE=verl.preflight. See docs/preflight.md.",
     ),
-    Variable(PREFIX + "LOG_LEVEL", "INFO", ", ".join(LOG_LEVELS), "Level of the msprobe_hooks logger (stderr)."),
+    Variable(
+        PREFIX + "LOG_LEVEL",
+        "log_level",
+        Choice(LOG_LEVELS, upper=True),
+        "INFO",
+        "Level of the msprobe_hooks logger (stderr).",
+    ),
     Variable(
         PREFIX + "EXTRA_PATCHES",
-        "empty",
-        "comma-separated module:attribute references",
+        "extra_patches",
+        References(),
+        "",
         "Site-specific patches to register besides the built-in ones: each reference names a Patch or "
         "a sequence of Patch records. The module is imported at activation, so keep it light.",
+        shown_default="empty",
     ),
     Variable(
         "TORCHDYNAMO_DISABLE",
-        "unset",
-        "1",
+        "",
+        Choice(("1",)),  # what is recommended; not ours, so never parsed (no field)
+        "",
         "Not ours, recommended: msprobe hooks do not fire inside TorchDynamo-compiled code. `doctor` checks it.",
+        shown_default="unset",
+        suggested="1",
     ),
 )
 
-KNOWN_NAMES = frozenset(v.name for v in VARIABLES)
+VARIABLE = {var.name: var for var in VARIABLES}
+KNOWN_NAMES = frozenset(VARIABLE)
 # Outside MSPROBE_HOOKS_* (where every unknown name is ours, so reported) a name is reported only
 # as a near-miss of one of ours, looked for among the names with these prefixes.
 TYPO_PREFIXES = ("DUMP", "PROMPT", "MSPROBE")
@@ -163,7 +339,7 @@ class Config(NamedTuple):
 
     def phase_selected(self, phase: str) -> bool:
         """Whether an actor pass of ``phase`` ("log_prob" or "update_actor") is to be dumped."""
-        return self.dump_phase in ("all", phase)
+        return self.dump_phase in (EVERY_PHASE, phase)
 
     @property
     def actor_dump_root(self) -> str:
@@ -190,62 +366,8 @@ def is_on(raw: str | None) -> bool:
     return (raw or "").strip().lower() not in _FALSE
 
 
-def _bad(name: str, raw: str, accepted: str, why: str = "") -> str:
-    reason = f" ({why})" if why else ""
-    return f"{name}={raw!r} is not valid{reason}; accepted: {accepted}"
-
-
-def _parse_phase(raw: str) -> str:
-    value = raw.strip().lower() or "log_prob"
-    if value == "forward_only":
-        return "log_prob"
-    if value not in DUMP_PHASES:
-        raise ValueError(_bad("DUMP_PHASE", raw, "log_prob, update_actor, all (forward_only = log_prob)"))
-    return value
-
-
-def _parse_prompts_only(raw: str) -> str:
-    value = raw.strip().lower()
-    if value == "trim":
-        return "trim"
-    try:
-        return "forward" if parse_bool("PROMPTS_ONLY", raw) else "off"
-    except ValueError:
-        raise ValueError(_bad("PROMPTS_ONLY", raw, "0, 1, trim (and true/false, yes/no)")) from None
-
-
-def _parse_generate_forwards(raw: str) -> str:
-    value = raw.strip().lower() or "prefill"
-    if value not in GENERATE_FORWARDS:
-        raise ValueError(_bad(PREFIX + "GENERATE_FORWARDS", raw, ", ".join(GENERATE_FORWARDS)))
-    return value
-
-
-def _parse_log_level(raw: str) -> str:
-    value = raw.strip().upper() or "INFO"
-    if value not in LOG_LEVELS:
-        raise ValueError(_bad(PREFIX + "LOG_LEVEL", raw, ", ".join(LOG_LEVELS)))
-    return value
-
-
-def _parse_preflight(raw: str) -> str:
-    value = raw.strip().lower() or "error"
-    if value not in PREFLIGHT_MODES:
-        raise ValueError(_bad(PREFIX + "PREFLIGHT", raw, ", ".join(PREFLIGHT_MODES)))
-    return value
-
-
-def _parse_names(raw: str) -> tuple[str, ...]:
+def _split(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
-
-
-def _parse_extra_patches(raw: str) -> tuple[str, ...]:
-    refs = _parse_names(raw)
-    for ref in refs:
-        module, _, attribute = ref.partition(":")
-        if not module or not attribute:
-            raise ValueError(_bad(PREFIX + "EXTRA_PATCHES", raw, "comma-separated module:attribute references"))
-    return refs
 
 
 def _absolute(path: str, base: str) -> str:
@@ -270,14 +392,6 @@ def unwritable(path: str) -> str:
     if stats.f_blocks == 0 and stats.f_files == 0:
         return f"{ancestor} is on a filesystem that holds no files, as proc and sysfs"
     return ""
-
-
-def _output_dir(raw: str, cwd: str) -> str:
-    path = _absolute(raw, cwd)
-    why = unwritable(path)
-    if why:
-        raise ValueError(_bad(PREFIX + "OUTPUT_DIR", raw, DUMP_DIR_ACCEPTED, why))
-    return path
 
 
 def _check_step_list(value: object) -> bool:
@@ -336,53 +450,21 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     env = os.environ if environ is None else environ
     cwd = os.getcwd()
     problems: list[str] = []
-
-    def parse(name: str, parser: Callable[[str], object], default: object) -> object:
-        raw = env.get(name)
-        if raw is None:
-            return default
-        try:
-            return parser(raw)
-        except ValueError as exc:
-            problems.append(str(exc))
-            return default
-
-    def config_path(name: str) -> str | None:
-        raw = env.get(name, "").strip()
-        if not raw:
-            return None
-        path = _absolute(raw, cwd)
-        try:
-            read_msprobe_config(name, path)
-        except ValueError as exc:
-            problems.append(str(exc))
-        return path
-
-    enabled = parse("DUMP_ON", lambda raw: parse_bool("DUMP_ON", raw), False)
-    output_raw = env.get(PREFIX + "OUTPUT_DIR", "").strip() or "msprobe_dump"
-    try:  # the default is checked too: it is pinned, and so checked, in every later process anyway
-        output_dir = _output_dir(output_raw, cwd)
-    except ValueError as exc:
-        problems.append(str(exc))
-        output_dir = _absolute(output_raw, cwd)
-    config = Config(
-        enabled=bool(enabled),
-        dump_phase=str(parse("DUMP_PHASE", _parse_phase, "log_prob")),
-        prompts_only=str(parse("PROMPTS_ONLY", _parse_prompts_only, "off")),
-        actor_config=config_path("MSPROBE_ACTOR_CONFIG"),
-        generate_config=config_path("MSPROBE_GENERATE_CONFIG"),
-        generate_forwards=str(parse(PREFIX + "GENERATE_FORWARDS", _parse_generate_forwards, "prefill")),
-        output_dir=output_dir,
-        strict=bool(parse(PREFIX + "STRICT", lambda raw: parse_bool(PREFIX + "STRICT", raw), False)),
-        disabled=frozenset(parse(PREFIX + "DISABLE", _parse_names, ())),  # type: ignore[arg-type]
-        log_level=str(parse(PREFIX + "LOG_LEVEL", _parse_log_level, "INFO")),
-        preflight=str(parse(PREFIX + "PREFLIGHT", _parse_preflight, "error")),
-        extra_patches=parse(PREFIX + "EXTRA_PATCHES", _parse_extra_patches, ()),  # type: ignore[arg-type]
-        unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))),
-    )
+    values: dict[str, object] = {}
+    for var in VARIABLES:
+        if var.field:
+            try:
+                values[var.field] = var.parse(env.get(var.name), cwd)
+            except ValueError as exc:
+                problems.append(str(exc))
     if problems:
         raise ConfigError(problems)
-    return config
+    return Config(**values, unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))))  # type: ignore[arg-type]
+
+
+def invalid(name: str, raw: str, why: str) -> str:
+    """The one-line complaint about variable ``name``, with what its record accepts (for checks made later)."""
+    return _bad(name, raw, VARIABLE[name].accepted, why)
 
 
 def check_patch_names(config: Config, known: list[str]) -> None:
@@ -448,5 +530,5 @@ def reference_table() -> str:
     """The Markdown table of every variable, for docs/env-reference.md."""
     lines = ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
     for var in VARIABLES:
-        lines.append(f"| `{var.name}` | {var.default} | {var.accepted} | {var.meaning} |")
+        lines.append(f"| `{var.name}` | {var.default_text} | {var.accepted} | {var.meaning} |")
     return "\n".join(lines)

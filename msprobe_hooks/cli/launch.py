@@ -45,8 +45,8 @@ def export_lines(environ: Mapping[str, str]) -> list[str]:
         value = env.get(var.name)
         if value is not None:
             lines.append(f"export {var.name}={shlex.quote(value)}")
-        elif var.name in ("DUMP_PHASE", "PROMPTS_ONLY", "TORCHDYNAMO_DISABLE"):
-            lines.append(f"export {var.name}={shlex.quote(_suggested(var.name))}")
+        elif var.suggested:
+            lines.append(f"export {var.name}={shlex.quote(var.suggested)}")
         elif var.name in _OPTIONAL_CONFIGS:
             lines.append(f"# export {var.name}=/path/to/config.json   # {_OPTIONAL_CONFIGS[var.name]}")
     return lines
@@ -56,7 +56,3 @@ _OPTIONAL_CONFIGS = {
     "MSPROBE_ACTOR_CONFIG": "unset: built-in statistics config, level mix",
     "MSPROBE_GENERATE_CONFIG": "only for SGLang < 0.5.11 and GPU vLLM (no native msprobe switch)",
 }
-
-
-def _suggested(name: str) -> str:
-    return {"DUMP_PHASE": "log_prob", "PROMPTS_ONLY": "1", "TORCHDYNAMO_DISABLE": "1"}[name]

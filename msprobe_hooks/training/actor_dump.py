@@ -77,7 +77,7 @@ class Pass:
 
     engine: object
     patch: str  # the engine patch that made the pass, for its failure reports
-    phase: str  # "log_prob" or "update_actor"
+    phase: str  # config.LOG_PROB or config.UPDATE_ACTOR
     due: bool
     micro_batch: int = -1  # index of the micro-batch in progress
 
@@ -352,7 +352,7 @@ class ActorDumper:
     ) -> tuple[str, bool]:
         """The pass's phase and whether it is due."""
         forward_only = kwargs["forward_only"] if "forward_only" in kwargs else (len(args) > 2 and args[2])
-        phase = "log_prob" if forward_only else "update_actor"
+        phase = config_module.LOG_PROB if forward_only else config_module.UPDATE_ACTOR
         cfg = bootstrap.current_config()
         due = bool(cfg is not None and cfg.phase_selected(phase) and dumpable(engine))
         if due and refuse is not None:
@@ -421,7 +421,7 @@ class ActorDumper:
         log-prob pass, or once its backward has run in an update."""
         loss = result[0] if isinstance(result, tuple) and result else None
         window = self._window
-        waits = window is not None and phase != "log_prob"
+        waits = window is not None and phase != config_module.LOG_PROB
         if not (waits and patching.guarded(window.patch, "waiting for the backward", self.close_after_backward, loss)):
             self.close()
 

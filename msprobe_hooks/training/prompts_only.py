@@ -18,11 +18,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from msprobe_hooks.config import Config
+from msprobe_hooks.config import PROMPTS_ONLY_MODES, Config
 
 log = logging.getLogger("msprobe_hooks")
 
-OFF, FORWARD, TRIM = "off", "forward", "trim"
+OFF, FORWARD, TRIM = PROMPTS_ONLY_MODES
 
 # Per-response-token fields the published recipe empties (both its padded v0 and jagged v1 forms);
 # the later ones exist only when the trim runs after they were computed.

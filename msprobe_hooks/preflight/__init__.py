@@ -22,21 +22,20 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from msprobe_hooks.config import Config, read_msprobe_config
+from msprobe_hooks.config import LOG_PROB, VARIABLE, Config, read_msprobe_config
 from msprobe_hooks.contracts import module_version
 from msprobe_hooks.training import prompts_only
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
 ROLLOUT_BACKENDS = ("vllm-ascend", "vllm", "sglang")
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
+MEGATRON = "megatron"
+TRAINING_STRATEGIES = (*FSDP_STRATEGIES, MEGATRON)
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -57,6 +56,14 @@ SKIP_KEYS = (
 )
 _PROFILER_TOOL_KEYS = ("global_profiler.tool", f"{ACTOR}.profiler.tool", f"{REF}.profiler.tool")
 GENERATE_CONFIG_PLACEHOLDER = "/path/to/generate_config.json"
+# The export the torchdynamo rule wants (and recipe prints): the value config's record recommends.
+TORCHDYNAMO_EXPORT = {"TORCHDYNAMO_DISABLE": VARIABLE["TORCHDYNAMO_DISABLE"].suggested}
+# The actor's Megatron sizes that ref and rollout must match: (training name, rollout name).
+MEGATRON_PAIRS = (
+    ("tensor_model_parallel_size", "tensor_model_parallel_size"),
+    ("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+    ("expert_model_parallel_size", "expert_parallel_size"),
+)
 
 
 class _Absent:
@@ -98,6 +105,26 @@ class Wrong:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What the rules' wanted values depend on: the training strategy, the cards, the actor's Megatron sizes.
+
+    The check reads it from the config (:attr:`Run.layout`); ``recipe`` makes it from its arguments.
+    """
+
+    strategy: str
+    world_size: int
+    megatron: Mapping[str, int] = field(default_factory=dict, hash=False)  # by MEGATRON_PAIRS training name
+
+    @property
+    def data_parallel(self) -> int:
+        """Training DP once every rule holds: FSDP world/SP with SP=1; Megatron world/(TP*PP*CP) with CP=1."""
+        if self.strategy == MEGATRON:
+            shards = self.megatron["tensor_model_parallel_size"] * self.megatron["pipeline_model_parallel_size"]
+            return max(self.world_size // max(shards, 1), 1)
+        return self.world_size
+
+
+@dataclass(frozen=True)
 class Run:
     """Everything the rules look at: the verl config, our own settings and the environment."""
 
@@ -123,27 +150,45 @@ class Run:
         return str(self.get(f"{ACTOR}.strategy"))
 
     @property
-    def world_size(self) -> int:
-        return self.number("trainer.n_gpus_per_node") * self.number("trainer.nnodes")
+    def layout(self) -> Layout:
+        world_size = self.number("trainer.n_gpus_per_node") * self.number("trainer.nnodes")
+        sizes = {name: self.number(f"{ACTOR}.megatron.{name}") for name, _ in MEGATRON_PAIRS}
+        return Layout(self.strategy, world_size, sizes if self.strategy == MEGATRON else {})
 
-    def target_data_parallel(self) -> int:
-        """Training DP once every rule holds: FSDP world/SP with SP=1; Megatron world/(TP*PP*CP) with CP=1."""
-        if self.strategy == "megatron":
-            shards = self.number(f"{ACTOR}.megatron.tensor_model_parallel_size")
-            shards *= self.number(f"{ACTOR}.megatron.pipeline_model_parallel_size")
-            return max(self.world_size // max(shards, 1), 1)
-        return self.world_size
+
+Wanted = Callable[[Layout], dict[str, object]]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A named check: ``title`` says what must hold, ``why`` what breaks otherwise (both go to the docs)."""
+    """A named check: ``title`` says what must hold, ``why`` what breaks otherwise (both go to the docs).
+
+    Most rules are a table of the values the config must have (``wanted``), which the check compares
+    with the config and ``recipe`` prints as overrides; the others ``check`` by hand.
+    """
 
     name: str
     title: str
     why: str
-    check: Callable[[Run], list[Wrong]]
+    wanted: Wanted | None = None
+    check: Callable[[Run], list[Wrong]] | None = None
     applies: Callable[[Run], bool] = lambda run: True
+    strategies: tuple[str, ...] | None = None  # the training strategies it is about (None: every one)
+    where_present: bool = False  # keys an older verl lacks have nothing to switch off: check the config's only
+    in_recipe: bool = True
+
+    def about(self, strategy: str) -> bool:
+        return self.strategies is None or strategy in self.strategies
+
+    def wrongs(self, run: Run) -> list[Wrong]:
+        """What breaks this rule in ``run`` (empty when it holds)."""
+        if self.wanted is None:
+            assert self.check is not None, self.name
+            return self.check(run)
+        wanted = self.wanted(run.layout)
+        if self.where_present:
+            wanted = {key: value for key, value in wanted.items() if run.get(key) is not ABSENT}
+        return _all(run, wanted)
 
 
 def hydra_value(value: object) -> str:
@@ -183,98 +228,74 @@ def _all(run: Run, wanted: Mapping[str, object]) -> list[Wrong]:
     return [wrong for key, value in wanted.items() if (wrong := expect(run, key, value))]
 
 
-def _batch_size(run: Run) -> list[Wrong]:
-    return _all(
-        run,
-        {
-            "data.train_batch_size": 1,
-            f"{ACTOR}.ppo_mini_batch_size": 1,
-            f"{ACTOR}.ppo_micro_batch_size_per_gpu": 1,
-            f"{ACTOR}.ppo_micro_batch_size": None,  # deprecated global size; verl rejects both set
-        },
-    )
+def _fixed(wanted: dict[str, object]) -> Wanted:
+    """A table that is the same for every layout."""
+    return lambda layout: dict(wanted)
 
 
-def _rollout_n(run: Run) -> list[Wrong]:
-    return _all(run, {f"{ROLLOUT}.n": run.target_data_parallel()})
-
-
-def _sequence_parallel(run: Run) -> list[Wrong]:
-    if run.strategy == "megatron":
-        keys = (f"{ACTOR}.megatron.context_parallel_size", f"{REF}.megatron.context_parallel_size")
-    else:
-        keys = (f"{ACTOR}.ulysses_sequence_parallel_size", f"{REF}.ulysses_sequence_parallel_size")
-    return _all(run, dict.fromkeys(keys, 1))
-
-
-def _present(run: Run, keys: tuple[str, ...]) -> list[str]:
-    return [key for key in keys if run.get(key) is not ABSENT]
-
-
-def _rollout_skip(run: Run) -> list[Wrong]:
-    return _all(run, dict.fromkeys(_present(run, SKIP_KEYS), False))
-
-
-def _torchdynamo(run: Run) -> list[Wrong]:
-    in_ray_env = run.get("ray_kwargs.ray_init.runtime_env.env_vars.TORCHDYNAMO_DISABLE")
-    if run.environ.get("TORCHDYNAMO_DISABLE") == "1" or str(in_ray_env) == "1":
-        return []
-    shown = run.environ.get("TORCHDYNAMO_DISABLE", "unset")
-    return [Wrong(f"TORCHDYNAMO_DISABLE is {shown}, needs 1", "export TORCHDYNAMO_DISABLE=1")]
-
-
-def _fsdp_parallel(run: Run) -> list[Wrong]:
-    return _all(run, {f"{ROLLOUT}.tensor_model_parallel_size": run.world_size, f"{ROLLOUT}.data_parallel_size": 1})
-
-
-_MEGATRON_PAIRS = (
-    ("tensor_model_parallel_size", "tensor_model_parallel_size"),
-    ("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
-    ("expert_model_parallel_size", "expert_parallel_size"),
+_batch_size = _fixed(
+    {
+        "data.train_batch_size": 1,
+        f"{ACTOR}.ppo_mini_batch_size": 1,
+        f"{ACTOR}.ppo_micro_batch_size_per_gpu": 1,
+        f"{ACTOR}.ppo_micro_batch_size": None,  # deprecated global size; verl rejects both set
+    }
 )
 
 
-def _megatron_parallel(run: Run) -> list[Wrong]:
+def _rollout_n(layout: Layout) -> dict[str, object]:
+    return {f"{ROLLOUT}.n": layout.data_parallel}
+
+
+def _sequence_parallel(layout: Layout) -> dict[str, object]:
+    size = "megatron.context_parallel_size" if layout.strategy == MEGATRON else "ulysses_sequence_parallel_size"
+    return {f"{role}.{size}": 1 for role in (ACTOR, REF)}
+
+
+def _torchdynamo(run: Run) -> list[Wrong]:
+    wrong = []
+    for name, value in TORCHDYNAMO_EXPORT.items():
+        in_ray_env = run.get(f"ray_kwargs.ray_init.runtime_env.env_vars.{name}")
+        if run.environ.get(name) != value and str(in_ray_env) != value:
+            wrong.append(Wrong(f"{name} is {run.environ.get(name, 'unset')}, needs {value}", f"export {name}={value}"))
+    return wrong
+
+
+def _fsdp_parallel(layout: Layout) -> dict[str, object]:
+    return {f"{ROLLOUT}.tensor_model_parallel_size": layout.world_size, f"{ROLLOUT}.data_parallel_size": 1}
+
+
+def _megatron_parallel(layout: Layout) -> dict[str, object]:
     wanted: dict[str, object] = {}
-    for train_name, rollout_name in _MEGATRON_PAIRS:
-        actor = run.number(f"{ACTOR}.megatron.{train_name}")
-        wanted[f"{REF}.megatron.{train_name}"] = actor
-        wanted[f"{ROLLOUT}.{rollout_name}"] = actor
-    return _all(run, wanted)
+    for train_name, rollout_name in MEGATRON_PAIRS:
+        wanted[f"{REF}.megatron.{train_name}"] = layout.megatron[train_name]
+        wanted[f"{ROLLOUT}.{rollout_name}"] = layout.megatron[train_name]
+    return wanted
 
 
 def _strategy(run: Run) -> list[Wrong]:
-    if run.strategy in (*FSDP_STRATEGIES, "megatron"):
+    if run.strategy in TRAINING_STRATEGIES:
         return []
     return [Wrong(f"{ACTOR}.strategy is {run.strategy}", "model_engine=dp (FSDP) or model_engine=megatron")]
 
 
-def _rollout_correction(run: Run) -> list[Wrong]:
-    # A null block is off as well; keys an older verl lacks have nothing to switch off.
-    block = "algorithm.rollout_correction"
-    wanted = {f"{block}.{key}": None for key in ("rollout_is", "rollout_rs", "rollout_rs_threshold")}
-    wanted[f"{block}.rollout_is_batch_normalize"] = False
-    return _all(run, {key: value for key, value in wanted.items() if run.get(key) is not ABSENT})
-
-
-def _megatron_prompt_forward_blockers(run: Run) -> list[Wrong]:
-    # Keys an older verl lacks (router replay before 0.7.1, dynamic CP before 0.8) are off there.
-    wanted = {f"{ACTOR}.megatron.router_replay.mode": "disabled", f"{ACTOR}.megatron.dynamic_context_parallel": False}
-    return _all(run, {key: value for key, value in wanted.items() if run.get(key) is not ABSENT})
+_ROLLOUT_CORRECTION = "algorithm.rollout_correction"
+_rollout_correction = _fixed(  # a null block is off as well
+    {
+        **{f"{_ROLLOUT_CORRECTION}.{key}": None for key in ("rollout_is", "rollout_rs", "rollout_rs_threshold")},
+        f"{_ROLLOUT_CORRECTION}.rollout_is_batch_normalize": False,
+    }
+)
+# Keys an older verl lacks (router replay before 0.7.1, dynamic CP before 0.8) are off there.
+_megatron_prompt_forward_blockers = _fixed(
+    {f"{ACTOR}.megatron.router_replay.mode": "disabled", f"{ACTOR}.megatron.dynamic_context_parallel": False}
+)
 
 
 def _prompts_only_mode(run: Run) -> str:
     """The mode the job will run in: PROMPTS_ONLY=1 trims by itself with Megatron pipeline parallelism."""
-    pipeline = run.number(f"{ACTOR}.megatron.pipeline_model_parallel_size") if run.strategy == "megatron" else 1
+    pipeline = run.layout.megatron.get("pipeline_model_parallel_size", 1)
     return prompts_only.mode(run.settings, pipeline)
-
-
-def _megatron_prompt_forward(run: Run) -> bool:
-    return run.strategy == "megatron" and _prompts_only_mode(run) == prompts_only.FORWARD
-
-
-def _log_prob_recomputed(run: Run) -> list[Wrong]:
-    return _all(run, dict.fromkeys(_present(run, ("algorithm.rollout_correction.bypass_mode",)), False))
 
 
 def _native_debugger(run: Run) -> list[Wrong]:
@@ -348,17 +369,13 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
     return [Wrong(f"rollout {backend} has no msprobe inference dump", f"{ROLLOUT}.name=vllm (or sglang)")]
 
 
-def _is_fsdp(run: Run) -> bool:
-    return run.strategy in FSDP_STRATEGIES
-
-
 RULES: tuple[Rule, ...] = (
     Rule(
         "batch-size",
         "data.train_batch_size, actor ppo_mini_batch_size and ppo_micro_batch_size_per_gpu are 1",
         "each training rank must hold one sample in one micro-batch (one mini-batch, no gradient accumulation), "
         "so that one training dump is one request",
-        _batch_size,
+        wanted=_batch_size,
     ),
     Rule(
         "rollout-n",
@@ -366,33 +383,32 @@ RULES: tuple[Rule, ...] = (
         "Megatron: cards / (TP*PP*CP))",
         "one prompt with n = DP responses gives every data-parallel rank exactly one sample; otherwise ranks get "
         "none or several and training dumps no longer map one-to-one to inference requests",
-        _rollout_n,
+        wanted=_rollout_n,
     ),
     Rule(
         "sequence-parallel",
         "Ulysses sequence parallelism (FSDP) or context parallelism (Megatron) is 1 for actor and ref",
         "sequence parallelism splits a sample's tokens across ranks, so no training dump covers the whole prompt "
         "that the inference prefill saw",
-        _sequence_parallel,
+        wanted=_sequence_parallel,
     ),
     Rule(
         "remove-padding",
         "actor_rollout_ref.model.use_remove_padding is True",
         "padded training inputs have other shapes than the packed inference prefill, so the tensors do not compare",
-        lambda run: _all(run, {"actor_rollout_ref.model.use_remove_padding": True}),
+        wanted=_fixed({"actor_rollout_ref.model.use_remove_padding": True}),
     ),
     Rule(
         "dynamic-batch",
         "dynamic batch size is off for actor, ref and rollout log-prob",
         "dynamic batching regroups samples into micro-batches by token count, so which micro-batch holds a "
         "request is not fixed",
-        lambda run: _all(
-            run,
+        wanted=_fixed(
             {
                 f"{ACTOR}.use_dynamic_bsz": False,
                 f"{REF}.log_prob_use_dynamic_bsz": False,
                 f"{ROLLOUT}.log_prob_use_dynamic_bsz": False,
-            },
+            }
         ),
     ),
     Rule(
@@ -400,68 +416,69 @@ RULES: tuple[Rule, ...] = (
         "trainer.balance_batch is False",
         "balancing reorders samples across ranks by length, so the rank holding a request no longer follows the "
         "order the rollout produced",
-        lambda run: _all(run, {"trainer.balance_batch": False}),
+        wanted=_fixed({"trainer.balance_batch": False}),
     ),
     Rule(
         "val-before-train",
         "trainer.val_before_train is False",
         "validation generate calls run first and land in the inference dump, shifting its step numbers",
-        lambda run: _all(run, {"trainer.val_before_train": False}),
+        wanted=_fixed({"trainer.val_before_train": False}),
     ),
     Rule(
         "rollout-skip",
         "rollout skip is off (skip.rollout / rollout_tq / async_rollout, or rollout.skip before verl 0.9)",
         "a skipped rollout replays cached responses, so the inference side writes no dump for them",
-        _rollout_skip,
+        wanted=_fixed(dict.fromkeys(SKIP_KEYS, False)),
+        where_present=True,  # each verl has its own; recipe prints the installed verl's (recipe.skip_switches)
     ),
     Rule(
         "eager-rollout",
         "actor_rollout_ref.rollout.enforce_eager is True",
         "msprobe hooks need eager execution: vLLM-Ascend refuses to dump in graph mode (or, from 0.20.2, falls "
         "back to a statistics-only graph dumper without step filter) and captured CUDA graphs bypass the hooks",
-        lambda run: _all(run, {f"{ROLLOUT}.enforce_eager": True}),
+        wanted=_fixed({f"{ROLLOUT}.enforce_eager": True}),
     ),
     Rule(
         "torchdynamo",
         "TORCHDYNAMO_DISABLE=1 in the environment (or in ray_kwargs.ray_init.runtime_env.env_vars)",
         "msprobe hooks do not fire inside TorchDynamo-compiled code, so compiled modules are missing from the dump",
-        _torchdynamo,
+        check=_torchdynamo,
     ),
     Rule(
         "prefix-caching",
         "actor_rollout_ref.rollout.enable_prefix_caching is False",
         "with n copies of one prompt, later requests reuse cached KV blocks and prefill only a few tokens, so "
         "their prefill dump does not cover the prompt",
-        lambda run: _all(run, {f"{ROLLOUT}.enable_prefix_caching": False}),
+        wanted=_fixed({f"{ROLLOUT}.enable_prefix_caching": False}),
     ),
     Rule(
         "chunked-prefill",
         "actor_rollout_ref.rollout.enable_chunked_prefill is False",
         "chunked prefill splits a prompt over several steps (mixed with decodes), so no single inference step "
         "holds the prompt a training micro-batch holds",
-        lambda run: _all(run, {f"{ROLLOUT}.enable_chunked_prefill": False}),
+        wanted=_fixed({f"{ROLLOUT}.enable_chunked_prefill": False}),
     ),
     Rule(
         "training-strategy",
         "the actor strategy is fsdp, fsdp2 or megatron",
         "msprobe's consistency compare (--consistent_check --backend fsdp or megatron) maps module names for these "
         "training backends only",
-        _strategy,
+        check=_strategy,
     ),
     Rule(
         "fsdp-rollout-parallel",
         "FSDP: rollout tensor_model_parallel_size is the number of cards and rollout data_parallel_size is 1",
         "every FSDP rank holds full activations of its own sample; one rollout replica spanning all cards makes "
         "both sides write rank0..rank{W-1}, so rank M pairs with rank M",
-        _fsdp_parallel,
-        _is_fsdp,
+        wanted=_fsdp_parallel,
+        strategies=FSDP_STRATEGIES,
     ),
     Rule(
         "megatron-rollout-parallel",
         "Megatron: ref and rollout TP, PP and EP equal the actor's",
         "with equal TP, PP and EP the layers are sharded identically, so rank M on each side holds the same shard",
-        _megatron_parallel,
-        lambda run: run.strategy == "megatron",
+        wanted=_megatron_parallel,
+        strategies=(MEGATRON,),
     ),
     Rule(
         "rollout-correction",
@@ -469,8 +486,9 @@ RULES: tuple[Rule, ...] = (
         "(rollout_is, rollout_rs, rollout_rs_threshold null, rollout_is_batch_normalize False)",
         "trim mode cuts the responses off before old_log_prob, and rollout correction weighs response tokens "
         "by comparing exactly those log-probs with the rollout's",
-        _rollout_correction,
-        lambda run: _prompts_only_mode(run) == prompts_only.TRIM,
+        wanted=_rollout_correction,
+        applies=lambda run: _prompts_only_mode(run) == prompts_only.TRIM,
+        where_present=True,
     ),
     Rule(
         "megatron-prompts-only",
@@ -479,16 +497,20 @@ RULES: tuple[Rule, ...] = (
         "the extra prompt-only forward would record or replay expert routes of its own, and a one-prompt forward "
         "does not fit a dynamic context-parallel layout; the Megatron engine patch refuses it at the first "
         "log-prob pass, after the rollout",
-        _megatron_prompt_forward_blockers,
-        _megatron_prompt_forward,
+        wanted=_megatron_prompt_forward_blockers,
+        applies=lambda run: _prompts_only_mode(run) == prompts_only.FORWARD,
+        strategies=(MEGATRON,),
+        where_present=True,
+        in_recipe=False,  # off by default; a verl before 0.8 lacks them, and Hydra refuses to override a missing key
     ),
     Rule(
         "log-prob-recomputed",
         "when the log-prob phase is dumped: algorithm.rollout_correction.bypass_mode is False",
         "bypass mode takes the rollout's log-probs as old log-probs and never runs the actor log-prob forward, "
         "so DUMP_PHASE=log_prob dumps nothing",
-        _log_prob_recomputed,
-        lambda run: run.settings.phase_selected("log_prob"),
+        wanted=_fixed({f"{_ROLLOUT_CORRECTION}.bypass_mode": False}),
+        applies=lambda run: run.settings.phase_selected(LOG_PROB),
+        where_present=True,
     ),
     Rule(
         "native-precision-debugger",
@@ -496,7 +518,7 @@ RULES: tuple[Rule, ...] = (
         "precision_debugger)",
         "msprobe's PrecisionDebugger is one per process: verl's stage-level dump would claim it with its own "
         "config and dump path, so the per-micro-batch dumps are lost or mixed into it",
-        _native_debugger,
+        check=_native_debugger,
     ),
     Rule(
         "inference-dump-config",
@@ -504,7 +526,7 @@ RULES: tuple[Rule, ...] = (
         "SGLang engine_kwargs.sglang.msprobe_dump_config (>= 0.5.11) or MSPROBE_GENERATE_CONFIG; GPU vLLM "
         "MSPROBE_GENERATE_CONFIG",
         "without it the rollout writes no dump, so there is nothing to pair the training dumps with",
-        _inference_dump_config,
+        check=_inference_dump_config,
     ),
 )
 
@@ -556,9 +578,9 @@ def check(
     )
     findings = []
     for rule in RULES:
-        if not rule.applies(run):
+        if not rule.about(run.strategy) or not rule.applies(run):
             continue
-        wrong = rule.check(run)
+        wrong = rule.wrongs(run)
         if wrong:
             problem = "; ".join(w.problem for w in wrong)
             findings.append(Finding(rule.name, problem, rule.why, tuple(dict.fromkeys(w.fix for w in wrong))))

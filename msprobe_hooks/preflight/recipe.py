@@ -1,10 +1,10 @@
 """``msprobe-hooks recipe``: the overrides and exports that satisfy every preflight rule.
 
 Appended to a launch command (Hydra lets the last value of a key win), they turn a training script
-into a consistency collection run. Two settings are not pairing constraints but make that run work:
-``rollout.agent.num_workers=1`` (the legacy agent loop splits a batch of DP samples evenly over its
-workers) and ``trainer.total_training_steps=1`` (one step is all a collection needs). The test suite
-composes verl's config with this output and checks that preflight finds nothing.
+into a consistency collection run. The overrides are the rules' own tables of wanted values
+(``Rule.wanted``), read for the layout asked for, plus what the hand-written rules need and the few
+settings that are not pairing constraints but make the run work (:data:`COLLECTION_RUN`). The test
+suite composes verl's config with this output and checks that preflight finds nothing.
 """
 
 from __future__ import annotations
@@ -17,16 +17,31 @@ from msprobe_hooks.preflight import (
     ACTOR,
     ASCEND_DUMP_KEYS,
     GENERATE_CONFIG_PLACEHOLDER,
+    MEGATRON,
     REF,
     ROLLOUT,
     ROLLOUT_BACKENDS,
+    RULES,
     SGLANG_DUMP_KEY,
     SKIP_KEYS,
+    TORCHDYNAMO_EXPORT,
+    Layout,
     hydra_value,
     installed,
 )
 
-TRAINING_BACKENDS = ("fsdp", "megatron")
+TRAINING_BACKENDS = ("fsdp", MEGATRON)
+
+# Not checked by a rule of their own, but what the collection run needs.
+COLLECTION_RUN: dict[str, object] = {
+    # verl requires these once dynamic batch size is off (rule dynamic-batch).
+    f"{REF}.log_prob_micro_batch_size_per_gpu": 1,
+    f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu": 1,
+    f"{ROLLOUT}.data_parallel_size": 1,  # one rollout replica with Megatron too (a rule for FSDP)
+    "global_profiler.tool": None,  # rule native-precision-debugger: the role profilers follow it
+    f"{ROLLOUT}.agent.num_workers": 1,  # the legacy agent loop splits a batch of DP samples over its workers
+    "trainer.total_training_steps": 1,  # one step is all a collection needs
+}
 
 
 @dataclass(frozen=True)
@@ -84,57 +99,25 @@ def build(
     world = gpus * nnodes
     if backend == "megatron" and world % tensor_parallel:
         raise ValueError(f"--tp {tensor_parallel} does not divide the {world} cards")
-    data_parallel = world // tensor_parallel if backend == "megatron" else world
-    values: dict[str, object] = {
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.nnodes": nnodes,
-        "data.train_batch_size": 1,
-        f"{ACTOR}.ppo_mini_batch_size": 1,
-        f"{ACTOR}.ppo_micro_batch_size_per_gpu": 1,
-        f"{ACTOR}.ppo_micro_batch_size": None,
-        f"{REF}.log_prob_micro_batch_size_per_gpu": 1,
-        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu": 1,
-        f"{ROLLOUT}.n": data_parallel,
-        "actor_rollout_ref.model.use_remove_padding": True,
-        f"{ACTOR}.use_dynamic_bsz": False,
-        f"{REF}.log_prob_use_dynamic_bsz": False,
-        f"{ROLLOUT}.log_prob_use_dynamic_bsz": False,
-        "trainer.balance_batch": False,
-        "trainer.val_before_train": False,
-        **dict.fromkeys(skip_switches(verl_version), False),
-        f"{ROLLOUT}.enforce_eager": True,
-        f"{ROLLOUT}.enable_prefix_caching": False,
-        f"{ROLLOUT}.enable_chunked_prefill": False,
-        f"{ROLLOUT}.data_parallel_size": 1,
-        "algorithm.rollout_correction.rollout_is": None,
-        "algorithm.rollout_correction.rollout_rs": None,
-        "algorithm.rollout_correction.rollout_rs_threshold": None,
-        "algorithm.rollout_correction.rollout_is_batch_normalize": False,
-        "algorithm.rollout_correction.bypass_mode": False,
-        "global_profiler.tool": None,
-        f"{ROLLOUT}.agent.num_workers": 1,
-        "trainer.total_training_steps": 1,
+    # pipeline 1: verl's vLLM rollout has no PP > 1
+    megatron = {
+        "tensor_model_parallel_size": tensor_parallel,
+        "pipeline_model_parallel_size": 1,
+        "expert_model_parallel_size": expert_parallel,
     }
-    if backend == "fsdp":
-        values[f"{ACTOR}.ulysses_sequence_parallel_size"] = 1
-        values[f"{REF}.ulysses_sequence_parallel_size"] = 1
-        values[f"{ROLLOUT}.tensor_model_parallel_size"] = world
-    else:
-        layout = {
-            "tensor_model_parallel_size": tensor_parallel,
-            "pipeline_model_parallel_size": 1,  # verl's vLLM rollout has no PP > 1
-            "expert_model_parallel_size": expert_parallel,
-            "context_parallel_size": 1,
-        }
-        for role in (ACTOR, REF):
-            values.update({f"{role}.megatron.{name}": size for name, size in layout.items()})
-        values[f"{ROLLOUT}.tensor_model_parallel_size"] = tensor_parallel
-        values[f"{ROLLOUT}.pipeline_model_parallel_size"] = 1
-        values[f"{ROLLOUT}.expert_parallel_size"] = expert_parallel
+    layout = Layout(backend, world, megatron if backend == MEGATRON else {})
+    values: dict[str, object] = {"trainer.n_gpus_per_node": gpus, "trainer.nnodes": nnodes}
+    values.update({f"{ACTOR}.megatron.{name}": size for name, size in layout.megatron.items()})
+    skips = skip_switches(verl_version)
+    for rule in RULES:
+        if rule.wanted is not None and rule.in_recipe and rule.about(backend):
+            wanted = rule.wanted(layout)
+            values.update({key: value for key, value in wanted.items() if key not in SKIP_KEYS or key in skips})
+    values.update(COLLECTION_RUN)
     overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
-    environ = {"TORCHDYNAMO_DISABLE": "1"}
+    environ = dict(TORCHDYNAMO_EXPORT)
     path = generate_config or GENERATE_CONFIG_PLACEHOLDER
-    notes = [f"rollout backend: {rollout}; training: {backend}, {world} cards, DP {data_parallel}"]
+    notes = [f"rollout backend: {rollout}; training: {backend}, {world} cards, DP {layout.data_parallel}"]
     if rollout == "vllm-ascend":
         overrides.append(f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(path)}")
     else:

@@ -13,7 +13,7 @@ from sglang_support import FAMILIES, standin_facts
 from msprobe_hooks import contracts
 from msprobe_hooks.contracts import Attribute
 from msprobe_hooks.patches import PATCHES
-from msprobe_hooks.patches.sglang.model_runner import GRAPH_SWITCHES
+from msprobe_hooks.patches.sglang import GRAPH_SWITCHES
 
 SGLANG = [p for p in PATCHES if p.distribution == "sglang"]
 

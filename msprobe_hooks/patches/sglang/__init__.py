@@ -6,6 +6,8 @@ record sits beside it, in the module its ``implementation`` names.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from msprobe_hooks.contracts import Attribute, Method
 from msprobe_hooks.registry import Patch
 
@@ -17,6 +19,39 @@ _FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 _SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 _SERVER_ARGS = "sglang.srt.server_args"
 _SGLANG_RAN_FOR_REAL = ("sglang 0.5.21 on CPU, its offline Engine (tests/test_real_sglang.py)",)
+NATIVE_FROM = "0.5.11"  # SGLang's own --msprobe-dump-config debugger
+NATIVE_GRAPH_CHECK = f">={NATIVE_FROM},<0.5.14"  # native dumps that can still meet a graph: 0.5.14+ turns them off
+
+
+class GraphSwitch(NamedTuple):
+    """A ServerArgs field that leaves a CUDA graph on, in the SGLang versions that have it."""
+
+    versions: str
+    field: str
+    graph_on: bool  # the value that means "graph on"
+    fix: str  # how to turn it off
+
+
+# What sglang.model_runner reads to refuse a dump that CUDA graphs would leave empty; its contract
+# is generated from this table.
+GRAPH_SWITCHES = (
+    GraphSwitch(
+        f"<{NATIVE_FROM}",
+        "disable_cuda_graph",
+        False,
+        "start SGLang with --disable-cuda-graph (verl: actor_rollout_ref.rollout.enforce_eager=True)",
+    ),
+    GraphSwitch(
+        ">=0.5.4,<0.5.10", "enable_piecewise_cuda_graph", True, "start SGLang without --enable-piecewise-cuda-graph"
+    ),
+    GraphSwitch(
+        ">=0.5.10,<0.5.14",
+        "disable_piecewise_cuda_graph",
+        False,
+        "start SGLang with --disable-piecewise-cuda-graph "
+        "(verl: ++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=True)",
+    ),
+)
 
 SGLANG_MODEL_RUNNER = Patch(
     name="sglang.model_runner",
@@ -39,20 +74,17 @@ SGLANG_MODEL_RUNNER = Patch(
         Method(_RUNNER, "ModelRunner.__init__", ("self", "model_config", "mem_fraction_static", "gpu_id")),
         Method(_RUNNER, "ModelRunner.forward", ("self", "forward_batch")),
         Attribute(_RUNNER, "ModelRunner", "model"),
-        Attribute(_RUNNER, "ModelRunner", "gpu_id", versions="<0.5.11"),
-        Attribute(_RUNNER, "ModelRunner", "dp_size", versions="<0.5.11"),
-        Attribute(_RUNNER, "ModelRunner", "msprobe_debugger", versions=">=0.5.11"),
+        Attribute(_RUNNER, "ModelRunner", "gpu_id", versions=f"<{NATIVE_FROM}"),
+        Attribute(_RUNNER, "ModelRunner", "dp_size", versions=f"<{NATIVE_FROM}"),
+        Attribute(_RUNNER, "ModelRunner", "msprobe_debugger", versions=f">={NATIVE_FROM}"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "forward_mode"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "batch_size"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "seq_lens_cpu"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "extend_seq_lens_cpu"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "extend_prefix_lens_cpu"),
         Attribute(_FORWARD_BATCH, "ForwardBatch", "rids", versions=">=0.5.10"),
-        # The CUDA-graph switches, as sglang_model_runner.GRAPH_SWITCHES reads them.
-        Attribute(_SERVER_ARGS, "ServerArgs", "disable_cuda_graph", versions="<0.5.11"),
-        Attribute(_SERVER_ARGS, "ServerArgs", "enable_piecewise_cuda_graph", versions=">=0.5.4,<0.5.10"),
-        Attribute(_SERVER_ARGS, "ServerArgs", "disable_piecewise_cuda_graph", versions=">=0.5.10,<0.5.14"),
-        Attribute(_SERVER_ARGS, "ServerArgs", "msprobe_dump_config", versions=">=0.5.11,<0.5.14"),
+        *(Attribute(_SERVER_ARGS, "ServerArgs", switch.field, versions=switch.versions) for switch in GRAPH_SWITCHES),
+        Attribute(_SERVER_ARGS, "ServerArgs", "msprobe_dump_config", versions=NATIVE_GRAPH_CHECK),
     ),
     ran_for_real=_SGLANG_RAN_FOR_REAL,
 )

@@ -40,34 +40,16 @@ from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, StepCounter, make_scheduled_request
 from msprobe_hooks.jsonl import JsonlLog
+from msprobe_hooks.patches import sglang as records
 from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity
 
 NAME = "sglang.model_runner"
-NATIVE_FROM = Version("0.5.11")
+NATIVE_FROM = Version(records.NATIVE_FROM)
 _STATE_ATTR = "_msprobe_hooks_runner"
 
 log = logging.getLogger("msprobe_hooks")
 
-# ServerArgs fields that leave a CUDA graph on, by SGLang version: (versions, field, value meaning
-# "graph on", how to turn it off). The catalogue's contract declares the same fields.
-GRAPH_SWITCHES = (
-    (
-        "<0.5.11",
-        "disable_cuda_graph",
-        False,
-        "start SGLang with --disable-cuda-graph (verl: actor_rollout_ref.rollout.enforce_eager=True)",
-    ),
-    (">=0.5.4,<0.5.10", "enable_piecewise_cuda_graph", True, "start SGLang without --enable-piecewise-cuda-graph"),
-    (
-        ">=0.5.10,<0.5.14",
-        "disable_piecewise_cuda_graph",
-        False,
-        "start SGLang with --disable-piecewise-cuda-graph "
-        "(verl: ++actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=True)",
-    ),
-)
-# Native dumps that can still meet a graph: 0.5.14+ turns off every graph phase itself.
-_NATIVE_GRAPH_CHECK = SpecifierSet(">=0.5.11,<0.5.14")
+_NATIVE_GRAPH_CHECK = SpecifierSet(records.NATIVE_GRAPH_CHECK)
 
 
 class GraphModeRefused(RuntimeError):
@@ -217,7 +199,7 @@ def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
 
 def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
     version = sglang_version()
-    for versions, field, graph_on, fix in GRAPH_SWITCHES:
+    for versions, field, graph_on, fix in records.GRAPH_SWITCHES:
         if version in SpecifierSet(versions) and getattr(server_args, field) == graph_on:
             return (
                 f"SGLang {version} is asked to dump forwards with msprobe ({who}) while {field}={graph_on}: "

@@ -22,8 +22,8 @@ from typing import NamedTuple, Protocol
 PREFIX = "MSPROBE_HOOKS_"
 
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
-BOOL_VALUES = "1/0, true/false, yes/no, on/off"
+_FALSE = ("", "0", "false", "no", "off")  # blank is off too
+BOOL_VALUES = ", ".join(f"{on}/{off}" for on, off in zip(_TRUE, _FALSE[1:], strict=True))
 
 # The values of the choice variables, named for the modules that act on them.
 DUMP_PHASES = (LOG_PROB, UPDATE_ACTOR, EVERY_PHASE) = ("log_prob", "update_actor", "all")
@@ -480,14 +480,9 @@ def check_patch_names(config: Config, known: list[str]) -> None:
 def pinned_environment(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Variables to write back so that every later process resolves the same absolute paths."""
     env = os.environ if environ is None else environ
-    pinned = {PREFIX + "OUTPUT_DIR": config.output_dir}
-    for name, value in (
-        ("MSPROBE_ACTOR_CONFIG", config.actor_config),
-        ("MSPROBE_GENERATE_CONFIG", config.generate_config),
-    ):
-        if value is not None:
-            pinned[name] = value
-    return {name: value for name, value in pinned.items() if env.get(name) != value}
+    paths = [var for var in VARIABLES if isinstance(var.kind, (DumpDir, MsprobeConfig))]
+    pinned = {var.name: getattr(config, var.field) for var in paths}
+    return {name: value for name, value in pinned.items() if value is not None and env.get(name) != value}
 
 
 def _edit_distance(a: str, b: str) -> int:

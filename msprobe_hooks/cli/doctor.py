@@ -169,8 +169,12 @@ def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
     for name in cfg.unknown_names:
         hint = config_module.suggest(name)
         out(f"  ! unknown variable {name}" + (f" (did you mean {hint}?)" if hint else ""))
-    if os.environ.get("TORCHDYNAMO_DISABLE") != "1":
-        out("  advice: export TORCHDYNAMO_DISABLE=1 (msprobe hooks do not fire inside TorchDynamo-compiled code)")
+    dynamo = config_module.VARIABLE["TORCHDYNAMO_DISABLE"]
+    if os.environ.get(dynamo.name) != dynamo.suggested:
+        out(
+            f"  advice: export {dynamo.name}={dynamo.suggested} "
+            "(msprobe hooks do not fire inside TorchDynamo-compiled code)"
+        )
     if os.environ.get("RAY_ADDRESS"):
         out(
             "  advice: RAY_ADDRESS is set: workers of an existing cluster do not inherit this shell's "

@@ -251,7 +251,7 @@ def _setup(runner: Any) -> RunnerDump | None:
     return RunnerDump(
         ours,
         own=ours is not None,
-        dump_all=cfg.generate_forwards == "all",
+        dump_all=cfg.generate_forwards == config_module.EVERY_FORWARD,
         rank_id=rank_id,
         engine_version=version,
         log=_log_for(root),

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from msprobe_hooks import bootstrap, patching
+from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
 from msprobe_hooks.training.actor_dump import dumper, is_trimmed
 
@@ -56,7 +57,7 @@ def patch(module: ModuleType) -> None:
         if current is None:
             return wrapped(*args, **kwargs)
         micro_batch = kwargs["micro_batch"] if "micro_batch" in kwargs else args[0]
-        if current.phase == "log_prob" and patching.guarded(
+        if current.phase == LOG_PROB and patching.guarded(
             PATCH_NAME, "reading the micro-batch's mode", wants_prompt_forwards, micro_batch, default=False
         ):
             patching.guarded(

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from msprobe_hooks import bootstrap, patching
+from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
 from msprobe_hooks.training.actor_dump import DumpRefused, dumper, is_trimmed
 
@@ -71,7 +72,7 @@ def patch(module: ModuleType) -> None:
                 "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
                 "set virtual_pipeline_model_parallel_size to null for the collection run"
             )
-        if phase != "log_prob" or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
+        if phase != LOG_PROB or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
             return
         if prompts_only_mode(instance) == prompts_only.TRIM:
             if not is_trimmed(data):
@@ -108,7 +109,7 @@ def patch(module: ModuleType) -> None:
         mode = patching.guarded(
             PATCH_NAME, "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF
         )
-        if current.phase == "log_prob" and mode == prompts_only.FORWARD:
+        if current.phase == LOG_PROB and mode == prompts_only.FORWARD:
             # Take the micro-batch now; the real forward_step gets it back through an iterator of its own.
             micro_batch = next(_batch_iter(args, kwargs))
             args, kwargs = _with_batch_iter(args, kwargs, iter([micro_batch]))

@@ -15,6 +15,7 @@ import logging
 from types import ModuleType
 
 from msprobe_hooks import bootstrap, preflight
+from msprobe_hooks.config import PREFLIGHT_WARN
 from msprobe_hooks.patching import unwrap_method, wrap_method
 
 NAME = "verl.preflight"
@@ -44,7 +45,7 @@ def _check(config: object) -> None:
     if not findings:
         log.info("%s", lines[0])
         return
-    if settings.preflight == "warn":
+    if settings.preflight == PREFLIGHT_WARN:
         for line in lines:
             log.warning("%s", line)
         return

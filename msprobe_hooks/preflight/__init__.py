@@ -32,7 +32,10 @@ from msprobe_hooks.training import prompts_only
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-ROLLOUT_BACKENDS = ("vllm-ascend", "vllm", "sglang")
+# The rollout backends and the module each is installed as, in the order recipe prefers them.
+ROLLOUT_MODULES = {"vllm-ascend": "vllm_ascend", "vllm": "vllm", "sglang": "sglang"}
+ROLLOUT_BACKENDS = (VLLM_ASCEND, VLLM, SGLANG) = tuple(ROLLOUT_MODULES)
+NO_BACKEND = "unset"  # rollout.name is not set
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 MEGATRON = "megatron"
 TRAINING_STRATEGIES = (*FSDP_STRATEGIES, MEGATRON)
@@ -329,7 +332,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
     backend = run.rollout_backend
     generate = run.settings.generate_config
     suggested = generate or GENERATE_CONFIG_PLACEHOLDER
-    if backend == "vllm-ascend":
+    if backend == VLLM_ASCEND:
         for key in ASCEND_DUMP_KEYS:
             value = run.get(key)
             if value is not ABSENT and value is not None:
@@ -341,7 +344,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
                 f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(suggested)}",
             )
         ]
-    if backend == "sglang":
+    if backend == SGLANG:
         if generate:
             return []
         value = run.get(SGLANG_DUMP_KEY)
@@ -353,7 +356,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
                 f"export MSPROBE_GENERATE_CONFIG={suggested}",
             )
         ]
-    if backend == "vllm":
+    if backend == VLLM:
         if generate:
             return []
         ascend_only = run.get(ASCEND_DUMP_KEYS[0]) not in (ABSENT, None)
@@ -364,7 +367,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
                 f"export MSPROBE_GENERATE_CONFIG={suggested}",
             )
         ]
-    if backend == "unset":
+    if backend == NO_BACKEND:
         return [Wrong(f"{ROLLOUT}.name is not set", f"{ROLLOUT}.name=vllm (or sglang)")]
     return [Wrong(f"rollout {backend} has no msprobe inference dump", f"{ROLLOUT}.name=vllm (or sglang)")]
 
@@ -541,7 +544,7 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
 
     The config says vllm or sglang (``rollout.name``) but not whether vLLM is vLLM-Ascend: that is
     taken from ``trainer.device == "npu"`` (verl sets it on Ascend before the check runs) or from
-    vllm-ascend being installed here. Anything else is returned as named ("unset" when missing).
+    vllm-ascend being installed here. Anything else is returned as named (NO_BACKEND when missing).
     """
     if explicit:
         return explicit
@@ -549,10 +552,12 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
 
     name = OmegaConf.select(config, f"{ROLLOUT}.name", default=None, throw_on_missing=False)
     if name is None:
-        return "unset"
-    if name == "vllm":
-        on_npu = OmegaConf.select(config, "trainer.device", default=None) == "npu" or installed("vllm_ascend")
-        return "vllm-ascend" if on_npu else "vllm"
+        return NO_BACKEND
+    if name == VLLM:
+        on_npu = OmegaConf.select(config, "trainer.device", default=None) == "npu" or installed(
+            ROLLOUT_MODULES[VLLM_ASCEND]
+        )
+        return VLLM_ASCEND if on_npu else VLLM
     return str(name)
 
 

@@ -21,10 +21,13 @@ from msprobe_hooks.preflight import (
     REF,
     ROLLOUT,
     ROLLOUT_BACKENDS,
+    ROLLOUT_MODULES,
     RULES,
+    SGLANG,
     SGLANG_DUMP_KEY,
     SKIP_KEYS,
     TORCHDYNAMO_EXPORT,
+    VLLM_ASCEND,
     Layout,
     hydra_value,
     installed,
@@ -55,10 +58,10 @@ class Recipe:
 
 def default_rollout_backend() -> str:
     """The rollout engine installed here: vLLM-Ascend, else GPU vLLM, else SGLang; vLLM-Ascend when none is."""
-    for backend, module in (("vllm-ascend", "vllm_ascend"), ("vllm", "vllm"), ("sglang", "sglang")):
+    for backend, module in ROLLOUT_MODULES.items():
         if installed(module):
             return backend
-    return "vllm-ascend"
+    return VLLM_ASCEND
 
 
 def skip_switches(verl_version: str | None) -> tuple[str, ...]:
@@ -80,7 +83,7 @@ def build(
     backend: str,
     gpus: int,
     nnodes: int = 1,
-    rollout: str = "vllm-ascend",
+    rollout: str = VLLM_ASCEND,
     generate_config: str | None = None,
     tensor_parallel: int = 1,
     expert_parallel: int = 1,
@@ -97,7 +100,7 @@ def build(
     if gpus < 1 or nnodes < 1 or tensor_parallel < 1 or expert_parallel < 1:
         raise ValueError("--gpus, --nnodes, --tp and --ep must be at least 1")
     world = gpus * nnodes
-    if backend == "megatron" and world % tensor_parallel:
+    if backend == MEGATRON and world % tensor_parallel:
         raise ValueError(f"--tp {tensor_parallel} does not divide the {world} cards")
     # pipeline 1: verl's vLLM rollout has no PP > 1
     megatron = {
@@ -118,14 +121,14 @@ def build(
     environ = dict(TORCHDYNAMO_EXPORT)
     path = generate_config or GENERATE_CONFIG_PLACEHOLDER
     notes = [f"rollout backend: {rollout}; training: {backend}, {world} cards, DP {layout.data_parallel}"]
-    if rollout == "vllm-ascend":
+    if rollout == VLLM_ASCEND:
         overrides.append(f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(path)}")
     else:
         # SGLang >= 0.5.11 also takes ++{SGLANG_DUMP_KEY}; the variable works with every version.
         environ["MSPROBE_GENERATE_CONFIG"] = path
     if generate_config is None:
         notes.append(f"replace {GENERATE_CONFIG_PLACEHOLDER} with your inference msprobe config (--generate-config)")
-    if rollout == "sglang":
+    if rollout == SGLANG:
         notes.append(f"SGLang >= 0.5.11 can take ++{SGLANG_DUMP_KEY}=PATH instead of MSPROBE_GENERATE_CONFIG")
     return Recipe(environ, overrides, notes)
 

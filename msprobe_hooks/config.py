@@ -31,6 +31,7 @@ PROMPTS_ONLY_MODES = ("off", "forward", "trim")  # named in training/prompts_onl
 GENERATE_FORWARDS = (PREFILL_FORWARDS, EVERY_FORWARD) = ("prefill", "all")
 PREFLIGHT_MODES = (PREFLIGHT_WARN, PREFLIGHT_ERROR) = ("warn", "error")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+EVERY_PATCH = "*"  # in MSPROBE_HOOKS_DISABLE
 DUMP_DIR_ACCEPTED = "a directory path this process can create or write into"
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
@@ -268,7 +269,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         PREFIX + "DISABLE",
         "disabled",
-        Names("comma-separated patch names, or * for all"),
+        Names(f"comma-separated patch names, or {EVERY_PATCH} for all"),
         "",
         "Patches not to apply; names are in docs/patches.md and `msprobe-hooks doctor`.",
         shown_default="empty",
@@ -336,6 +337,10 @@ class Config(NamedTuple):
     preflight: str
     extra_patches: tuple[str, ...]
     unknown_names: tuple[str, ...]
+
+    def patch_disabled(self, name: str) -> bool:
+        """Whether MSPROBE_HOOKS_DISABLE names patch ``name``, or every patch."""
+        return name in self.disabled or EVERY_PATCH in self.disabled
 
     def phase_selected(self, phase: str) -> bool:
         """Whether an actor pass of ``phase`` ("log_prob" or "update_actor") is to be dumped."""
@@ -469,11 +474,18 @@ def invalid(name: str, raw: str, why: str) -> str:
 
 def check_patch_names(config: Config, known: list[str]) -> None:
     """Reject names in MSPROBE_HOOKS_DISABLE that no registered patch has."""
-    unknown = sorted(config.disabled - set(known) - {"*"})
+    unknown = sorted(config.disabled - set(known) - {EVERY_PATCH})
     if unknown:
         raw = ",".join(sorted(config.disabled))
         raise ConfigError(
-            [_bad(PREFIX + "DISABLE", raw, "* or any of " + ", ".join(known), "unknown " + ", ".join(unknown))]
+            [
+                _bad(
+                    PREFIX + "DISABLE",
+                    raw,
+                    f"{EVERY_PATCH} or any of " + ", ".join(known),
+                    "unknown " + ", ".join(unknown),
+                )
+            ]
         )
 
 

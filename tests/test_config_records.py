@@ -67,3 +67,8 @@ def test_the_reference_table_shows_each_record():
     table = config.reference_table().splitlines()
     for var, line in zip(VARIABLES, table[2:], strict=True):
         assert line == f"| `{var.name}` | {var.default_text} | {var.accepted} | {var.meaning} |"
+
+
+@pytest.mark.parametrize(("raw", "disabled"), [("verl.fsdp", True), ("vllm.model_runner", False), ("*", True)])
+def test_a_patch_is_disabled_by_its_name_or_by_every_patch(raw, disabled):
+    assert config.load({"MSPROBE_HOOKS_DISABLE": raw}).patch_disabled("verl.fsdp") is disabled

@@ -199,7 +199,7 @@ def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
     if not patches:
         out("  none registered")
     for patch in patches:
-        state = "disabled" if patch.name in cfg.disabled or "*" in cfg.disabled else patch_eligibility(patch)
+        state = "disabled" if cfg.patch_disabled(patch.name) else patch_eligibility(patch)
         out(f"  {patch.name:<28} {state}")
 
     if with_spawn_check:

@@ -180,14 +180,17 @@ class Rule:
     where_present: bool = False  # keys an older verl lacks have nothing to switch off: check the config's only
     in_recipe: bool = True
 
+    def __post_init__(self) -> None:
+        if (self.wanted is None) == (self.check is None):
+            raise TypeError(f"rule {self.name}: give it a wanted table or a check, one of the two")
+
     def about(self, strategy: str) -> bool:
         return self.strategies is None or strategy in self.strategies
 
     def wrongs(self, run: Run) -> list[Wrong]:
         """What breaks this rule in ``run`` (empty when it holds)."""
         if self.wanted is None:
-            assert self.check is not None, self.name
-            return self.check(run)
+            return self.check(run) if self.check else []
         wanted = self.wanted(run.layout)
         if self.where_present:
             wanted = {key: value for key, value in wanted.items() if run.get(key) is not ABSENT}

@@ -331,6 +331,23 @@ def _dump_config_file(key: str, path: object) -> list[Wrong]:
     return []
 
 
+def dump_config_switch(backend: str, path: str) -> tuple[dict[str, str], list[str]]:
+    """How rollout ``backend`` is given the inference dump config ``path``: (exports, Hydra overrides).
+
+    vLLM-Ascend reads its verl key; GPU vLLM and SGLang read MSPROBE_GENERATE_CONFIG (SGLang >= 0.5.11
+    also takes SGLANG_DUMP_KEY; the variable works with every version). Rule inference-dump-config
+    suggests it, recipe prints it.
+    """
+    if backend == VLLM_ASCEND:
+        return {}, [f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(path)}"]
+    return {"MSPROBE_GENERATE_CONFIG": path}, []
+
+
+def _switch_fix(backend: str, path: str) -> str:
+    exports, overrides = dump_config_switch(backend, path)
+    return " ".join([*(f"export {name}={value}" for name, value in exports.items()), *overrides])
+
+
 def _inference_dump_config(run: Run) -> list[Wrong]:
     backend = run.rollout_backend
     generate = run.settings.generate_config
@@ -344,7 +361,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
         return [
             Wrong(
                 f"vLLM-Ascend rollout without additional_config.dump_config_path{note}",
-                f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(suggested)}",
+                _switch_fix(backend, suggested),
             )
         ]
     if backend == SGLANG:
@@ -356,7 +373,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
         return [
             Wrong(
                 "SGLang rollout without msprobe_dump_config or MSPROBE_GENERATE_CONFIG",
-                f"export MSPROBE_GENERATE_CONFIG={suggested}",
+                _switch_fix(backend, suggested),
             )
         ]
     if backend == VLLM:
@@ -367,7 +384,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
         return [
             Wrong(
                 f"GPU vLLM rollout without MSPROBE_GENERATE_CONFIG (vLLM has no msprobe switch of its own{note})",
-                f"export MSPROBE_GENERATE_CONFIG={suggested}",
+                _switch_fix(backend, suggested),
             )
         ]
     if backend == NO_BACKEND:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from msprobe_hooks.contracts import module_version
 from msprobe_hooks.preflight import (
     ACTOR,
-    ASCEND_DUMP_KEYS,
     GENERATE_CONFIG_PLACEHOLDER,
     MEGATRON,
     REF,
@@ -29,6 +28,7 @@ from msprobe_hooks.preflight import (
     TORCHDYNAMO_EXPORT,
     VLLM_ASCEND,
     Layout,
+    dump_config_switch,
     hydra_value,
     installed,
 )
@@ -117,15 +117,10 @@ def build(
             wanted = rule.wanted(layout)
             values.update({key: value for key, value in wanted.items() if key not in SKIP_KEYS or key in skips})
     values.update(COLLECTION_RUN)
-    overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()]
-    environ = dict(TORCHDYNAMO_EXPORT)
-    path = generate_config or GENERATE_CONFIG_PLACEHOLDER
+    exports, switch = dump_config_switch(rollout, generate_config or GENERATE_CONFIG_PLACEHOLDER)
+    overrides = [f"{key}={hydra_value(value)}" for key, value in values.items()] + switch
+    environ = {**TORCHDYNAMO_EXPORT, **exports}
     notes = [f"rollout backend: {rollout}; training: {backend}, {world} cards, DP {layout.data_parallel}"]
-    if rollout == VLLM_ASCEND:
-        overrides.append(f"++{ASCEND_DUMP_KEYS[0]}={hydra_value(path)}")
-    else:
-        # SGLang >= 0.5.11 also takes ++{SGLANG_DUMP_KEY}; the variable works with every version.
-        environ["MSPROBE_GENERATE_CONFIG"] = path
     if generate_config is None:
         notes.append(f"replace {GENERATE_CONFIG_PLACEHOLDER} with your inference msprobe config (--generate-config)")
     if rollout == SGLANG:

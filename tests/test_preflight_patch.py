@@ -186,6 +186,10 @@ def test_a_failing_check_steps_aside_with_one_line(device_module, clean_config, 
         raise AttributeError("a bug of ours")
 
     monkeypatch.setattr(preflight, "check", broken)
+    monkeypatch.setattr(patching, "_failures_reported", set())
+    ours = logging.getLogger("msprobe_hooks")
+    monkeypatch.setattr(ours, "handlers", [caplog.handler])  # ours does not propagate to caplog's root handler
+    monkeypatch.setattr(ours, "propagate", False)
     with caplog.at_level(logging.WARNING, logger="msprobe_hooks"):
         assert device_module.auto_set_device(clean_config) == "verl's result"
     assert [r.getMessage() for r in caplog.records] == [

@@ -216,7 +216,11 @@ def apply(patch: Patch, module: ModuleType, version: str | None = None) -> Patch
     else:
         version = version if version is not None else installed_version(patch)
         ctx = PatchContext(patch.name, version, bootstrap.current_config())
-        implementation.patch(module, ctx)
+        try:
+            implementation.patch(module, ctx)
+        except BaseException:  # a patch that is not applied leaves nothing wrapped
+            _unwrap_ledger(patch.name)
+            raise
     with _lock:
         _applied[patch.name] = _Application(patch, module, ctx, implementation.unpatch if old_style else None)
     return ctx
@@ -280,11 +284,16 @@ def revert(patch_name: str) -> None:
     """Undo one applied patch: its ledger, newest first (or a site's own ``unpatch(module)``)."""
     with _lock:
         application = _applied.pop(patch_name, None)
-        ledger = _ledger.pop(patch_name, [])
     if application is not None and application.ctx is not None:
         application.ctx.active = False
     if application is not None and application.unpatch is not None:
         application.unpatch(application.module)
+    _unwrap_ledger(patch_name)
+
+
+def _unwrap_ledger(patch_name: str) -> None:
+    with _lock:
+        ledger = _ledger.pop(patch_name, [])
     for owner, attribute in reversed(ledger):
         unwrap_method(owner, attribute, patch_name)
 

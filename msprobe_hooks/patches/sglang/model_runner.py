@@ -277,7 +277,6 @@ def _graph_check(args: tuple, kwargs: dict) -> str | None:
 
 
 def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    assert _ctx is not None
     problem = _ctx.guarded("checking ModelRunner's server_args for CUDA graphs", _graph_check, args, kwargs)
     if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
         log.error("%s", problem)
@@ -296,7 +295,6 @@ def _begin(runner: RunnerDump, instance: Any, args: tuple, kwargs: dict) -> Step
 
 
 def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    assert _ctx is not None
     runner: RunnerDump | None = getattr(instance, _STATE_ATTR, None)
     window = None
     if runner is not None:
@@ -305,7 +303,7 @@ def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return wrapped(*args, **kwargs)
     finally:
         if window is not None:
-            _ctx.guarded("ending the forward's dump and log line", runner.end, window)  # type: ignore[union-attr]
+            _ctx.guarded("ending the forward's dump and log line", runner.end, window)
 
 
 def patch(module: ModuleType, ctx: PatchContext) -> None:

@@ -287,14 +287,14 @@ def _set_up(runner: Any, base: type) -> None:
 def _init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
     # EngineNotEager (MSPROBE_HOOKS_STRICT=1) is a Refusal: it passes the guard and stops the engine.
-    _ctx.guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)  # type: ignore[union-attr]
+    _ctx.guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)
     return result
 
 
 def _set_up_runner(runner: Any) -> None:
     replaced = _install(_runner_class)
     if replaced:
-        logger().info("re-applied %s to %s, replaced since import", _ctx.name, ", ".join(replaced))  # type: ignore[union-attr]
+        logger().info("re-applied %s to %s, replaced since import", _ctx.name, ", ".join(replaced))
     _set_up(runner, _runner_class)
 
 
@@ -308,7 +308,7 @@ def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     finally:
         state.depth -= 1
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
-    _ctx.guarded("recording the step's requests", _record_step, instance, state, scheduler_output)  # type: ignore[union-attr]
+    _ctx.guarded("recording the step's requests", _record_step, instance, state, scheduler_output)
     return result
 
 
@@ -330,10 +330,10 @@ def _execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     try:
         result = wrapped(*args, **kwargs)
     except BaseException:
-        _ctx.guarded("ending the step's dump", state.finish)  # type: ignore[union-attr]
+        _ctx.guarded("ending the step's dump", state.finish)
         raise
     if result is not None:  # output now (0.11.0, pooling, PP), else sample_tokens() ends the step
-        _ctx.guarded("ending the step's dump", state.finish)  # type: ignore[union-attr]
+        _ctx.guarded("ending the step's dump", state.finish)
     return result
 
 
@@ -344,7 +344,7 @@ def _sample_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _ctx.guarded("ending the step's dump", state.finish)  # type: ignore[union-attr]
+        _ctx.guarded("ending the step's dump", state.finish)
 
 
 WRAPPERS: dict[str, Callable[..., Any]] = {
@@ -357,7 +357,6 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
 
 def _install(cls: type) -> list[str]:
     """Wrap every method not (or no longer) wrapped; the names newly wrapped."""
-    assert _ctx is not None
     wrapped = []
     for name, wrapper in WRAPPERS.items():
         if name in vars(cls) and not _ctx.is_wrapped(cls, name):

@@ -14,7 +14,7 @@ Wrappers are marked with the patch name, so applying twice never double-wraps, a
 
 The module lock guards only the bookkeeping (states, ledgers): implementations are imported and
 run without it, because they import modules and a lock held across an import deadlocks against
-another thread's import (issue 12, item 4). A patch is claimed under the lock before it runs, so
+another thread's import. A patch is claimed under the lock before it runs, so
 two threads never apply it twice.
 """
 

@@ -80,8 +80,9 @@ def release(ctx: PatchContext) -> Version:
     return Version(ctx.version)
 
 
-_ctx: PatchContext | None = None  # this patch's context, and the SGLang version it read, once applied
-_version = Version("0")
+# Set by patch(), before any wrapper runs: this patch's context and the SGLang version it read.
+_ctx: PatchContext | None = None
+_version: Version = None  # type: ignore[assignment]
 _server_args_at = -1  # the position of server_args among ModelRunner.__init__'s arguments (after self)
 
 

@@ -307,12 +307,12 @@ def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
         result = wrapped(*args, **kwargs)
     finally:
         state.depth -= 1
-    scheduler_output = argument(args, kwargs, "scheduler_output", 0)
-    _ctx.guarded("recording the step's requests", _record_step, instance, state, scheduler_output)
+    _ctx.guarded("recording the step's requests", _record_step, instance, state, args, kwargs)
     return result
 
 
-def _record_step(runner: Any, state: RunnerDump, scheduler_output: Any) -> None:
+def _record_step(runner: Any, state: RunnerDump, args: tuple, kwargs: dict) -> None:
+    scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
     if state.drive_config is not None and state.debugger is None:

@@ -50,7 +50,8 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     engine = verl_cpu.make_engine(model_dir)
     from verl.workers.engine.fsdp import transformer_impl
 
-    from msprobe_hooks.patches.verl import fsdp as verl_fsdp
+    from msprobe_hooks import patching
+    from msprobe_hooks.patches.verl import VERL_FSDP_ENGINE
     from msprobe_hooks.training.actor_dump import dumper
 
     state = dumper()
@@ -70,7 +71,7 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     for round_ in range(passes + 1):  # round 0 warms up
         for variant in variants[round_ % 3 :] + variants[: round_ % 3]:
             if variant != "patch":
-                verl_fsdp.unpatch(transformer_impl)
+                patching.revert(VERL_FSDP_ENGINE.name)
             if variant == "hand":
                 recipe.install()
             try:
@@ -81,7 +82,7 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
                 end = time.perf_counter()
             finally:
                 recipe.remove()
-                verl_fsdp.patch(transformer_impl)
+                patching.apply(VERL_FSDP_ENGINE, transformer_impl)
             if round_:
                 timings[variant]["log_prob"].append(middle - start)
                 timings[variant]["update"].append(end - middle)
@@ -150,8 +151,8 @@ class _RecipeCalls:
 
 def _wrapper_cost(calls: int) -> dict[str, float]:
     """Seconds per call of forward_step / forward_backward_batch, patched vs not, in a pass not dumped."""
-    from msprobe_hooks import bootstrap
-    from msprobe_hooks.patches.verl import fsdp as verl_fsdp
+    from msprobe_hooks import bootstrap, patching
+    from msprobe_hooks.patches.verl import VERL_FSDP_ENGINE
     from msprobe_hooks.training.actor_dump import Pass, dumper
 
     bootstrap.activate({"DUMP_ON": "1", "DUMP_PHASE": "update_actor", "MSPROBE_HOOKS_LOG_LEVEL": "ERROR"})
@@ -181,12 +182,12 @@ def _wrapper_cost(calls: int) -> dict[str, float]:
 
     plain_step = per_call(lambda: engine.forward_step(None, None, True))
     plain_batch = per_call(lambda: engine.forward_backward_batch(None, None, True))
-    verl_fsdp.patch(module)
-    dumper().current = Pass(engine, verl_fsdp.PATCH_NAME, "log_prob", due=False)
+    ctx = patching.apply(VERL_FSDP_ENGINE, module)
+    dumper().current = Pass(engine, ctx, "log_prob", due=False)
     wrapped_step = per_call(lambda: engine.forward_step(None, None, True))
     dumper().current = None
     wrapped_batch = per_call(lambda: engine.forward_backward_batch(None, None, True))
-    verl_fsdp.unpatch(module)
+    patching.revert(VERL_FSDP_ENGINE.name)
     return {
         "forward_step": wrapped_step - plain_step,
         "forward_backward_batch": wrapped_batch - plain_batch,

@@ -19,8 +19,10 @@ from msprobe_hooks.contracts import ContractItem
 class Patch(NamedTuple):
     """One patch: target, versions, contract, code, and why it exists.
 
-    ``implementation`` names a module with ``patch(module)`` and ``unpatch(module)``, called with
-    the imported ``target`` module. It is imported only when the target is. ``ran_for_real`` names
+    ``implementation`` names a module with ``patch(module, ctx)``, called with the imported
+    ``target`` module and a :class:`msprobe_hooks.patching.PatchContext`; what it wraps through
+    ``ctx.wrap`` is reverted by the framework. (A site's own module may instead have
+    ``patch(module)`` and ``unpatch(module)``.) It is imported only when the target is. ``ran_for_real`` names
     the releases whose real engine the test suite runs this patch in (the others rest on contracts
     read from the released files and on stand-ins).
     """

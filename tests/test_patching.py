@@ -209,3 +209,56 @@ if __name__ == "__main__":
     for method, report in result.json().items():
         assert report["status"]["test.fake_engine"][0] == "applied", method
         assert (report["depth"], report["calls"]) == (1, 1), method
+
+
+CONTEXT = """
+import json
+import fake_target, fake_patches_ctx, msprobe_hooks
+from msprobe_hooks import patching
+engine = fake_target.Engine()
+results = [engine.step(1), engine.step(13), engine.step(13), fake_target.Engine.step(engine, batch=2)]
+wrapped = [[owner.__name__, attribute] for owner, attribute in patching.wrapped_by("test.ctx_engine")]
+msprobe_hooks.deactivate()
+print(json.dumps({
+    "results": results, "calls": fake_patches_ctx.CALLS, "seen": fake_patches_ctx.SEEN, "wrapped": wrapped,
+    "after": list(patching.wrapped_by("test.ctx_engine")), "restored": type(vars(fake_target.Engine)["step"]).__name__,
+}))
+"""
+
+
+def test_a_patch_with_a_context_wraps_through_its_ledger_and_its_guard_never_disturbs_the_call():
+    result = run_python(CONTEXT, env("fake_patches:CTX"))
+    assert result.returncode == 0, result.stderr
+    report = result.json()
+    assert report["results"] == [2, 26, 26, 4]  # the failing bookkeeping (batch 13) changed nothing
+    assert report["calls"] == [1, 2]  # the argument read by keyword, self passed explicitly
+    assert report["seen"] == {"name": "test.ctx_engine", "version": "1.2.0", "active": True}
+    assert report["wrapped"] == [["Engine", "step"]]
+    assert report["after"] == [] and report["restored"] == "function"  # reverted with no unpatch() of its own
+    warnings = [line for line in result.stderr.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1  # the second failure at the same place goes to debug
+    assert (
+        "patch test.ctx_engine: counting a step failed, the host goes on unaffected: RuntimeError: unlucky batch"
+        in (warnings[0])
+    )
+
+
+def test_strict_mode_raises_a_failure_inside_the_guard():
+    code = "import fake_target\nfake_target.Engine().step(13)"
+    result = run_python(code, env("fake_patches:CTX", MSPROBE_HOOKS_STRICT="1"))
+    assert result.returncode == 1
+    assert "RuntimeError: unlucky batch" in result.stderr
+
+
+def test_a_patch_that_steps_aside_halfway_leaves_nothing_wrapped():
+    code = """
+import json, fake_target
+from msprobe_hooks import patching
+print(json.dumps({"status": [s.state for s in patching.status() if s.name == "test.half"],
+                  "step": type(vars(fake_target.Engine)["step"]).__name__,
+                  "wrapped": list(patching.wrapped_by("test.half"))}))
+"""
+    result = run_python(code, env("fake_patches:HALF"))
+    assert result.returncode == 0, result.stderr
+    assert result.json() == {"status": ["skipped"], "step": "function", "wrapped": []}
+    assert "skipped patch test.half: Engine has no second method to wrap" in result.stderr

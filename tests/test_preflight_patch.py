@@ -146,9 +146,9 @@ def device_module(monkeypatch, generate_config):
     )
     monkeypatch.setattr(bootstrap, "_active", settings)
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
-    implementation.patch(module)
+    patching.apply(VERL_PREFLIGHT, module)
     yield module
-    implementation.unpatch(module)
+    patching.revert(VERL_PREFLIGHT.name)
 
 
 def test_a_clean_config_passes_and_the_result_is_verl_s(device_module, clean_config):
@@ -186,25 +186,32 @@ def test_a_failing_check_steps_aside_with_one_line(device_module, clean_config, 
         raise AttributeError("a bug of ours")
 
     monkeypatch.setattr(preflight, "check", broken)
+    monkeypatch.setattr(patching, "_failures_reported", set())
+    ours = logging.getLogger("msprobe_hooks")
+    monkeypatch.setattr(ours, "handlers", [caplog.handler])  # ours does not propagate to caplog's root handler
+    monkeypatch.setattr(ours, "propagate", False)
     with caplog.at_level(logging.WARNING, logger="msprobe_hooks"):
         assert device_module.auto_set_device(clean_config) == "verl's result"
     assert [r.getMessage() for r in caplog.records] == [
-        "preflight could not check this run and steps aside: AttributeError: a bug of ours"
+        "patch verl.preflight: checking the run's configuration failed, the host goes on unaffected: "
+        "AttributeError: a bug of ours"
     ]
 
 
 def test_unpatch_restores_verl_s_function_and_stale_references_pass_through(device_module, clean_config, monkeypatch):
     stale = device_module.auto_set_device
-    implementation.unpatch(device_module)
-    assert not patching.is_ours(device_module.auto_set_device, implementation.NAME)
+    patching.revert(VERL_PREFLIGHT.name)
+    assert not patching.is_ours(device_module.auto_set_device, VERL_PREFLIGHT.name)
+    assert patching.wrapped_by(VERL_PREFLIGHT.name) == ()
     checked = []
     monkeypatch.setattr(preflight, "check", lambda *args, **kwargs: checked.append(args) or [])
     assert stale(clean_config) == "verl's result"
     assert checked == []
-    implementation.patch(device_module)
-    implementation.patch(device_module)  # idempotent: one wrapper
+    patching.apply(VERL_PREFLIGHT, device_module)
+    patching.apply(VERL_PREFLIGHT, device_module)  # idempotent: one wrapper
     assert device_module.auto_set_device.__wrapped__.__name__ == "auto_set_device"
-    assert not patching.is_ours(device_module.auto_set_device.__wrapped__, implementation.NAME)
+    assert not patching.is_ours(device_module.auto_set_device.__wrapped__, VERL_PREFLIGHT.name)
+    assert patching.wrapped_by(VERL_PREFLIGHT.name) == ((device_module, "auto_set_device"),)
 
 
 def test_the_contract_holds_for_the_installed_verl():

@@ -165,6 +165,7 @@ def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):
             raise RuntimeError("boom")
 
     monkeypatch.setattr(patching, "_failures_reported", set())
+    monkeypatch.setattr(sglang_model_runner, "_ctx", patching.PatchContext("sglang.model_runner", "0.5.2", None))
     caplog.set_level(logging.DEBUG, logger="msprobe_hooks")
     ours = logging.getLogger("msprobe_hooks")
     monkeypatch.setattr(ours, "handlers", [caplog.handler])  # ours does not propagate to caplog's root handler

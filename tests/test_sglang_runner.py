@@ -342,8 +342,9 @@ def test_patches_revert_and_never_double_wrap(tmp_path):
         ]
         wrapped = [type(vars(owner)[name]).__name__ for owner, name in targets]
         originals = [vars(owner)[name].__wrapped__ for owner, name in targets]
-        from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
-        sglang_model_runner.patch(model_runner)  # a second application
+        from msprobe_hooks import patching
+        from msprobe_hooks.patches.sglang import SGLANG_MODEL_RUNNER
+        patching.apply(SGLANG_MODEL_RUNNER, model_runner)  # a second application
         still_once = vars(model_runner.ModelRunner)["forward"].__wrapped__ is originals[0]
         bootstrap.deactivate()
         restored = [vars(owner)[name] is original for (owner, name), original in zip(targets, originals)]

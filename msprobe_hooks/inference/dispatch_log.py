@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from msprobe_hooks import debugger as debugger_module
@@ -161,6 +162,18 @@ def current_rank() -> int:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return 0
+
+
+@dataclass(slots=True)
+class StepWindow:
+    """One msprobe step of a model runner, from its ``start()`` to the ``step()`` that ends it, and
+    what its dispatch-log line will say (the training side's counterpart is ``actor_dump.StepWindow``)."""
+
+    step: int = 0
+    started: bool = False  # msprobe's start() ran for this step
+    dumped: bool = False
+    requests: list[ScheduledRequest] | None = None  # known once the runner's batch is
+    forward_mode: str | None = None  # SGLang's ForwardMode name (its lines carry it)
 
 
 class StepCounter:

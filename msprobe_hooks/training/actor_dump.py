@@ -76,19 +76,20 @@ class Pass:
     """One ``forward_backward_batch`` call of one engine."""
 
     engine: object
-    patch: str  # the engine patch that made the pass, for its failure reports
+    patch: patching.PatchContext  # the engine patch that made the pass: its guard reports our failures
     phase: str  # config.LOG_PROB or config.UPDATE_ACTOR
     due: bool
     micro_batch: int = -1  # index of the micro-batch in progress
 
 
 @dataclass
-class _Window:
-    """One open msprobe step and what its log line will say."""
+class StepWindow:
+    """One msprobe step of an actor micro-batch, from its ``start()`` to the ``step()`` that ends it, and
+    what its log line will say (the inference side's counterpart is ``dispatch_log.StepWindow``)."""
 
     step: int
     recording: bool
-    patch: str
+    patch: patching.PatchContext
     fields: dict[str, Any]
     samples: list[SampleInfo] = field(default_factory=list)
     global_step: Any = None
@@ -274,7 +275,7 @@ class ActorDumper:
 
     def __init__(self) -> None:
         self.current: Pass | None = None
-        self._window: _Window | None = None
+        self._window: StepWindow | None = None
         self._debugger: Any = None
         self._log: JsonlLog | None = None
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
@@ -304,7 +305,7 @@ class ActorDumper:
 
     def run_pass(
         self,
-        patch: str,
+        patch: patching.PatchContext,
         wrapped: Callable[..., Any],
         instance: Any,
         args: tuple,
@@ -320,8 +321,8 @@ class ActorDumper:
         failure of the decision is reported and the call runs unchanged, undumped.
         """
         engine, method_args = patching.bound(instance, args)
-        decided = patching.guarded(
-            patch, "deciding whether the pass is dumped", self._decide, engine, method_args, kwargs, dumpable, refuse
+        decided = patch.guarded(
+            "deciding whether the pass is dumped", self._decide, engine, method_args, kwargs, dumpable, refuse
         )
         if decided is None:
             return wrapped(*args, **kwargs)
@@ -351,12 +352,12 @@ class ActorDumper:
         refuse: Callable[[Any, str, Any], None] | None,
     ) -> tuple[str, bool]:
         """The pass's phase and whether it is due."""
-        forward_only = kwargs["forward_only"] if "forward_only" in kwargs else (len(args) > 2 and args[2])
+        forward_only = patching.argument(args, kwargs, "forward_only", 2, False)
         phase = config_module.LOG_PROB if forward_only else config_module.UPDATE_ACTOR
         cfg = bootstrap.current_config()
         due = bool(cfg is not None and cfg.phase_selected(phase) and dumpable(engine))
         if due and refuse is not None:
-            refuse(engine, phase, kwargs["data"] if "data" in kwargs else args[0])
+            refuse(engine, phase, patching.argument(args, kwargs, "data", 0))
         return phase, due
 
     def begin_micro_batch(self, engine: object) -> Pass | None:
@@ -377,9 +378,7 @@ class ActorDumper:
         (``samples``, ``global_step``) or read from ``micro_batch`` when the step closes. When msprobe
         (or our bookkeeping) fails, one line says so and no step opens: the forward runs undumped.
         """
-        patching.guarded(
-            current.patch, "starting an msprobe step", self._open, model, current, dump, micro_batch, known
-        )
+        current.patch.guarded("starting an msprobe step", self._open, model, current, dump, micro_batch, known)
 
     def _open(self, model: Any, current: Pass, dump: str, micro_batch: Any, known: dict[str, Any]) -> None:
         debugger = self.debugger()
@@ -388,7 +387,7 @@ class ActorDumper:
         debugger.start(model=model)
         fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
         recording = debugger_module.is_recording()
-        self._window = _Window(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
+        self._window = StepWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
 
     def attach(self, micro_batch: Any) -> None:
         """Name the micro-batch of the open window (Megatron: known only inside the schedule)."""
@@ -405,16 +404,15 @@ class ActorDumper:
         Never raises (but under ``MSPROBE_HOOKS_STRICT=1``).
         """
         window, self._window = self._window, None
-        if window is None:
-            return
-        try:
-            debugger = self._debugger
-            debugger.stop()
-            debugger.step()
-            if window.recording:
-                self._write(window, debugger)
-        except Exception as exc:  # our bookkeeping must not break the training step
-            patching.report_failure(window.patch, "closing an msprobe step", exc)
+        if window is not None:  # our bookkeeping must not break the training step
+            window.patch.guarded("closing an msprobe step", self._close, window)
+
+    def _close(self, window: StepWindow) -> None:
+        debugger = self._debugger
+        debugger.stop()
+        debugger.step()
+        if window.recording:
+            self._write(window, debugger)
 
     def forward_done(self, phase: str, result: Any) -> None:
         """A micro-batch's forward returned ``result`` (``(loss, ...)``): close its window now in a
@@ -422,7 +420,7 @@ class ActorDumper:
         loss = result[0] if isinstance(result, tuple) and result else None
         window = self._window
         waits = window is not None and phase != config_module.LOG_PROB
-        if not (waits and patching.guarded(window.patch, "waiting for the backward", self.close_after_backward, loss)):
+        if not (waits and window.patch.guarded("waiting for the backward", self.close_after_backward, loss)):
             self.close()
 
     def close_after_backward(self, loss: Any) -> bool:
@@ -448,7 +446,7 @@ class ActorDumper:
         loss.register_hook(on_backward)
         return True
 
-    def _write(self, window: _Window, debugger: Any) -> None:
+    def _write(self, window: StepWindow, debugger: Any) -> None:
         samples, global_step = window.samples, window.global_step
         if window.micro_batch is not None:
             samples, global_step = self.describe(window.micro_batch, window.patch)
@@ -471,13 +469,10 @@ class ActorDumper:
 
     # --- the two kinds of micro-batch dump -----------------------------------------------------
 
-    def describe(self, micro_batch: Any, patch: str) -> tuple[list[SampleInfo], Any]:
-        """The samples and global step of a micro-batch for its log line; ([], None) if unreadable."""
-        try:
-            return describe_samples(micro_batch), global_step_of(micro_batch)
-        except Exception as exc:  # a layout we do not know: the dump stands, its line lacks the samples
-            patching.report_failure(patch, "reading the samples of a micro-batch", exc)
-            return [], None
+    def describe(self, micro_batch: Any, patch: patching.PatchContext) -> tuple[list[SampleInfo], Any]:
+        """The samples and global step of a micro-batch for its log line; ([], None) if unreadable
+        (a layout we do not know: the dump stands, its line lacks the samples)."""
+        return patch.guarded("reading the samples of a micro-batch", _samples_and_step, micro_batch, default=([], None))
 
     def prompt_only_forwards(
         self,
@@ -515,6 +510,10 @@ class ActorDumper:
             finally:
                 if dumped:
                     self.close()
+
+
+def _samples_and_step(micro_batch: Any) -> tuple[list[SampleInfo], Any]:
+    return describe_samples(micro_batch), global_step_of(micro_batch)
 
 
 def agree_on_count(count: int, group: Any, device: Any) -> int:

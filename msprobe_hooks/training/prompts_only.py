@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msprobe_hooks.config import PROMPTS_ONLY_MODES, Config
+from msprobe_hooks.patching import PatchContext
 
 log = logging.getLogger("msprobe_hooks")
 
@@ -130,20 +131,28 @@ def trim_jagged(data: Any) -> Any:
     return TensorDict(fields, batch_size=data.batch_size)
 
 
-def trim_before_old_log_prob(config: Config | None, trainer_config: Any, trim: Callable[[], None]) -> None:
+def _trim_if_due(config: Config | None, trainer_config: Any, trim: Callable[[], None]) -> int | None:
+    """The pipeline parallel size the trim was decided on, once ``trim`` ran; None when not in trim mode."""
+    pipeline_parallel_size = trainer_pipeline_parallel_size(trainer_config)
+    if mode(config, pipeline_parallel_size) != TRIM or bypass_mode(trainer_config):
+        return None
+    trim()
+    return pipeline_parallel_size
+
+
+def trim_before_old_log_prob(
+    ctx: PatchContext, config: Config | None, trainer_config: Any, trim: Callable[[], None]
+) -> None:
     """Run ``trim`` when this job is in trim mode; called by the trainer patches before old_log_prob.
 
-    Guarded: a trim that fails logs one line and leaves the batch as it was (full-sequence dumps,
-    undisturbed training) rather than stopping the job.
+    Guarded (``ctx.guarded``): a trim that fails logs one line and leaves the batch as it was
+    (full-sequence dumps, undisturbed training) rather than stopping the job.
     """
     global _trimmed
-    try:
-        pipeline_parallel_size = trainer_pipeline_parallel_size(trainer_config)
-        if mode(config, pipeline_parallel_size) != TRIM or bypass_mode(trainer_config):
-            return
-        trim()
-    except Exception as exc:
-        log.error("PROMPTS_ONLY trim failed, batch left whole: %s: %s", type(exc).__name__, exc)
+    pipeline_parallel_size = ctx.guarded(
+        "the PROMPTS_ONLY trim (the batch is left whole)", _trim_if_due, config, trainer_config, trim
+    )
+    if pipeline_parallel_size is None:
         return
     if not _trimmed:
         _trimmed = True

@@ -23,30 +23,17 @@ each sample's own ``extra_fields`` dict (v1) where the top-level field is missin
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any
 
-from msprobe_hooks import patching
+from msprobe_hooks.patching import PatchContext
 
 REQUEST_ID = "request_id"
 ALL_REQUEST_IDS = "inference_request_ids"
 
-_F = TypeVar("_F", bound=Callable[..., None])
-
 _scopes: ContextVar[tuple[list[str], ...]] = ContextVar("msprobe_hooks_request_id_scopes", default=())
-
-
-def _never_raises(func: _F) -> _F:
-    """Bookkeeping around a rollout call: a failure is reported (patching.guarded), never passed on to verl."""
-
-    @functools.wraps(func)
-    def guarded(*args: Any, **kwargs: Any) -> None:
-        patching.guarded("request ids", func.__name__, functools.partial(func, *args, **kwargs))
-
-    return guarded  # type: ignore[return-value]
 
 
 @contextmanager
@@ -60,7 +47,6 @@ def collecting() -> Iterator[list[str]]:
         _scopes.reset(token)
 
 
-@_never_raises
 def _note_sent(request_id: object) -> None:
     if request_id is not None:
         for sent in _scopes.get():
@@ -76,11 +62,12 @@ def current() -> list[str]:
 class _NotingMethod:
     """``server.generate``, whose ``.remote(...)`` notes its ``request_id`` keyword first."""
 
-    def __init__(self, method: Any) -> None:
+    def __init__(self, method: Any, ctx: PatchContext) -> None:
         self._method = method
+        self._ctx = ctx
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        _note_sent(kwargs.get(REQUEST_ID))
+        self._ctx.guarded("noting the request id sent", _note_sent, kwargs.get(REQUEST_ID))
         return self._method.remote(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -90,18 +77,18 @@ class _NotingMethod:
 class NotingServer:
     """A rollout server handle (a Ray actor handle) that notes the request id of each ``generate``."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, ctx: PatchContext) -> None:
         self._server = server
+        self._ctx = ctx
 
     @property
     def generate(self) -> _NotingMethod:
-        return _NotingMethod(self._server.generate)
+        return _NotingMethod(self._server.generate, self._ctx)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
 
 
-@_never_raises
 def stamp_token_output(output: Any, sent: list[str]) -> None:
     """``TokenOutput.extra_fields["request_id"]`` = the id this generate call sent (as the published recipe)."""
     fields = getattr(output, "extra_fields", None)
@@ -109,7 +96,6 @@ def stamp_token_output(output: Any, sent: list[str]) -> None:
         fields[REQUEST_ID] = sent[0]
 
 
-@_never_raises
 def stamp_trajectory(output: Any, sent: list[str]) -> None:
     """An agent-loop output's ``extra_fields`` get the trajectory's first id and the list of all."""
     fields = getattr(output, "extra_fields", None)
@@ -118,7 +104,6 @@ def stamp_trajectory(output: Any, sent: list[str]) -> None:
         fields[ALL_REQUEST_IDS] = list(sent)
 
 
-@_never_raises
 def promote(record: dict) -> None:
     """Top-level copies of the ids in a TransferQueue record; present (None) even when unknown,
     because every record of a partition must carry the same fields."""
@@ -131,26 +116,32 @@ def promote(record: dict) -> None:
 # --- wrappers shared by the patches of the clients that talk to the rollout servers ----------------
 
 
-def _noting(acquired: Any) -> Any:
-    """The acquired server (a handle, or ``(server_id, handle)``) with its handle made noting."""
-    if isinstance(acquired, tuple) and len(acquired) == 2:
-        return acquired[0], NotingServer(acquired[1])
-    return NotingServer(acquired)
+class ClientWrappers:
+    """The wrappers of a rollout client's methods, for the patch whose context guards them.
 
+    Our bookkeeping around a rollout call never reaches verl: a failure is reported (``ctx.guarded``).
+    """
 
-async def acquire_server(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wrapper of the async ``_acquire_server`` (verl >= 0.7.1)."""
-    return _noting(await wrapped(*args, **kwargs))
+    def __init__(self, ctx: PatchContext) -> None:
+        self.ctx = ctx
 
+    def _noting(self, acquired: Any) -> Any:
+        """The acquired server (a handle, or ``(server_id, handle)``) with its handle made noting."""
+        if isinstance(acquired, tuple) and len(acquired) == 2:
+            return acquired[0], NotingServer(acquired[1], self.ctx)
+        return NotingServer(acquired, self.ctx)
 
-def choose_server(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wrapper of the sync ``_choose_server`` (verl 0.7.0)."""
-    return _noting(wrapped(*args, **kwargs))
+    async def acquire_server(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Wrapper of the async ``_acquire_server`` (verl >= 0.7.1)."""
+        return self._noting(await wrapped(*args, **kwargs))
 
+    def choose_server(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Wrapper of the sync ``_choose_server`` (verl 0.7.0)."""
+        return self._noting(wrapped(*args, **kwargs))
 
-async def generate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Wrapper of the client's ``generate``: its output carries the id it sent to the engine."""
-    with collecting() as sent:
-        output = await wrapped(*args, **kwargs)
-    stamp_token_output(output, sent)
-    return output
+    async def generate(self, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Wrapper of the client's ``generate``: its output carries the id it sent to the engine."""
+        with collecting() as sent:
+            output = await wrapped(*args, **kwargs)
+        self.ctx.guarded("stamping the TokenOutput with its request id", stamp_token_output, output, sent)
+        return output

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 from msprobe_hooks import join_keys, patching
 
-NAME = "sglang.forward_batch"
 # On ForwardBatch (all versions) and on ModelWorkerBatch (0.5.2-0.5.5): tuple[RequestIdentity, ...].
 REQUESTS_ATTR = "_msprobe_hooks_requests"
 # On Req: its RequestIdentity in every batch after its first, made once; its presence marks the request as seen.
@@ -51,23 +50,20 @@ def identities(reqs: Iterable[Any]) -> tuple[RequestIdentity, ...]:
     return tuple(found)
 
 
-def _init_new(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    forward_batch = wrapped(*args, **kwargs)
-    try:
-        batch = args[0] if args else kwargs["batch"]
-        requests = getattr(batch, REQUESTS_ATTR, None)
-        if requests is None and getattr(batch, "reqs", None) is not None:
-            requests = identities(batch.reqs)
-        if requests is not None:
-            setattr(forward_batch, REQUESTS_ATTR, requests)
-    except Exception as exc:
-        patching.report_failure(NAME, "reading the batch's requests", exc)
-    return forward_batch
+def _carry_requests(forward_batch: Any, args: tuple, kwargs: dict) -> None:
+    """The requests of ``init_new``'s batch, onto the ForwardBatch it made."""
+    batch = patching.argument(args, kwargs, "batch", 0)
+    requests = getattr(batch, REQUESTS_ATTR, None)
+    if requests is None and getattr(batch, "reqs", None) is not None:
+        requests = identities(batch.reqs)
+    if requests is not None:
+        setattr(forward_batch, REQUESTS_ATTR, requests)
 
 
-def patch(module: ModuleType) -> None:
-    patching.wrap_method(module.ForwardBatch, "init_new", _init_new, NAME)
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
+    def init_new(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        forward_batch = wrapped(*args, **kwargs)
+        ctx.guarded("reading the batch's requests", _carry_requests, forward_batch, args, kwargs)
+        return forward_batch
 
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.ForwardBatch, "init_new", NAME)
+    ctx.wrap(module.ForwardBatch, "init_new", init_new)

@@ -23,7 +23,6 @@ and the msprobe step the forward is.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import os
@@ -38,12 +37,12 @@ from msprobe_hooks import config as config_module
 from msprobe_hooks import debugger, patching
 from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.inference import dispatch_log
-from msprobe_hooks.inference.dispatch_log import ScheduledRequest, StepCounter, make_scheduled_request
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest, StepCounter, StepWindow, make_scheduled_request
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.patches import sglang as records
 from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity
+from msprobe_hooks.patching import PatchContext, argument
 
-NAME = "sglang.model_runner"
 NATIVE_FROM = Version(records.NATIVE_FROM)
 _STATE_ATTR = "_msprobe_hooks_runner"
 
@@ -56,16 +55,17 @@ class GraphModeRefused(RuntimeError):
     """A dump was asked for while CUDA graphs are on; msprobe would record nothing inside them."""
 
 
-@functools.lru_cache(maxsize=1)
-def sglang_version() -> Version:
-    """The installed SGLang's version, as the catalogue's version gate read it."""
-    from msprobe_hooks.patches import PATCHES
-
-    record = next(p for p in PATCHES if p.name == NAME)
-    raw = patching.installed_version(record)
-    if raw is None:
+def release(ctx: PatchContext) -> Version:
+    """The installed SGLang's version, as the version gate read it (the SGLang patches depend on it)."""
+    if ctx.version is None:
         raise patching.TargetChanged("cannot tell which SGLang version is installed")
-    return Version(raw)
+    return Version(ctx.version)
+
+
+# Set by patch(), before any wrapper runs: this patch's context and the SGLang version it read.
+_ctx: PatchContext | None = None
+_version: Version = None  # type: ignore[assignment]
+_server_args_at = -1  # the position of server_args among ModelRunner.__init__'s arguments (after self)
 
 
 # --- what a ForwardBatch holds --------------------------------------------------------------------
@@ -118,16 +118,9 @@ _warned_unused_config = False
 
 
 @dataclass
-class _Pending:
-    step: int
-    mode: str
-    rows: list[ScheduledRequest]
-    started: bool
-
-
-@dataclass
 class RunnerDump:
-    """What one ModelRunner dumps and logs, decided once in ``__init__``."""
+    """What one ModelRunner dumps and logs, decided once in ``__init__`` (vLLM's counterpart:
+    ``patches.vllm.model_runner.RunnerDump``)."""
 
     debugger: Any | None
     own: bool  # we start/stop/step the debugger; otherwise SGLang does, or nobody
@@ -136,25 +129,25 @@ class RunnerDump:
     engine_version: str
     log: JsonlLog
 
-    def begin(self, model: Any, forward_batch: Any) -> _Pending:
+    def begin(self, model: Any, forward_batch: Any) -> StepWindow:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
-        pending = _Pending(_steps.take(self.debugger), mode, rows, started=False)
+        window = StepWindow(_steps.take(self.debugger), requests=rows, forward_mode=mode)
         if self.own and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.
             self.debugger.start(model=model, rank_id=self.rank_id)
-            pending.started = True
-        return pending
+            window.started = True
+        return window
 
-    def end(self, pending: _Pending) -> None:
+    def end(self, window: StepWindow) -> None:
         """After the forward (also one that raised): stop and step our debugger, write the line."""
         dumped = False
         if self.debugger is not None:
             if self.own:
-                if pending.started:
+                if window.started:
                     self.debugger.stop()
                 self.debugger.step()
-            dumped = debugger.step_dumped(self.debugger, pending.step)
+            dumped = debugger.step_dumped(self.debugger, window.step)
         rank = self.rank_id
         if rank is None and self.debugger is not None:
             rank = debugger.dump_rank(self.debugger)
@@ -163,10 +156,10 @@ class RunnerDump:
                 engine="sglang",
                 engine_version=self.engine_version,
                 rank=rank if rank is not None else dispatch_log.current_rank(),
-                step=pending.step,
+                step=window.step,
                 dumped=dumped,
-                requests=pending.rows,
-                forward_mode=pending.mode,
+                requests=window.requests or [],
+                forward_mode=window.forward_mode,
             )
         )
 
@@ -198,7 +191,7 @@ def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
 
 
 def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
-    version = sglang_version()
+    version = _version
     for versions, field, graph_on, fix in records.GRAPH_SWITCHES:
         if version in SpecifierSet(versions) and getattr(server_args, field) == graph_on:
             return (
@@ -211,7 +204,7 @@ def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
 def graph_problem(server_args: Any) -> str | None:
     """Why a dump asked for here would come out empty because of CUDA graphs, or None."""
     cfg = current_config()
-    version = sglang_version()
+    version = _version
     if version < NATIVE_FROM and cfg is not None and cfg.generate_config:
         return _graph_refusal(server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
     if version in _NATIVE_GRAPH_CHECK and server_args.msprobe_dump_config is not None:
@@ -224,8 +217,8 @@ def _setup(runner: Any) -> RunnerDump | None:
     cfg = current_config()
     if cfg is None:
         return None
-    version = str(sglang_version())
-    native = getattr(runner, "msprobe_debugger", None) if sglang_version() >= NATIVE_FROM else None
+    version = str(_version)
+    native = getattr(runner, "msprobe_debugger", None) if _version >= NATIVE_FROM else None
     if native is not None:
         root = os.path.abspath(debugger.dump_root(native))
         if id(native) not in _redirected:  # the draft runner of a process shares the debugger
@@ -235,7 +228,7 @@ def _setup(runner: Any) -> RunnerDump | None:
     root = _generate_root(cfg)
     ours = None
     rank_id = None
-    if sglang_version() < NATIVE_FROM and cfg.generate_config:
+    if _version < NATIVE_FROM and cfg.generate_config:
         ours = _own_debugger(cfg, root)
         rank_id = runner.gpu_id if ours is not None and runner.dp_size is not None and runner.dp_size > 1 else None
     elif cfg.generate_config and not _warned_unused_config:
@@ -261,51 +254,48 @@ def _setup(runner: Any) -> RunnerDump | None:
 # --- wrappers ------------------------------------------------------------------------------------
 
 
+def _graph_check(args: tuple, kwargs: dict) -> str | None:
+    # Bad arguments: the wrapped call reports them itself.
+    return graph_problem(argument(args, kwargs, "server_args", _server_args_at))
+
+
 def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    problem = None
-    try:
-        server_args = inspect.signature(wrapped).bind(*args, **kwargs).arguments["server_args"]
-        problem = graph_problem(server_args)
-    except Exception as exc:  # bad arguments: the wrapped call reports them itself
-        patching.report_failure(NAME, "checking ModelRunner's server_args for CUDA graphs", exc)
+    problem = _ctx.guarded("checking ModelRunner's server_args for CUDA graphs", _graph_check, args, kwargs)
     if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
         log.error("%s", problem)
         raise GraphModeRefused(problem)
     result = wrapped(*args, **kwargs)
-    try:
-        setattr(instance, _STATE_ATTR, _setup(instance))
-    except Exception as exc:
-        patching.report_failure(NAME, "setting up the runner's dump and dispatch log", exc)
+    _ctx.guarded("setting up the runner's dump and dispatch log", _attach_setup, instance)
     return result
+
+
+def _attach_setup(runner: Any) -> None:
+    setattr(runner, _STATE_ATTR, _setup(runner))
+
+
+def _begin(runner: RunnerDump, instance: Any, args: tuple, kwargs: dict) -> StepWindow:
+    return runner.begin(instance.model, argument(args, kwargs, "forward_batch", 0))
 
 
 def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     runner: RunnerDump | None = getattr(instance, _STATE_ATTR, None)
-    pending = None
+    window = None
     if runner is not None:
-        try:
-            pending = runner.begin(instance.model, args[0] if args else kwargs["forward_batch"])
-        except Exception as exc:
-            patching.report_failure(NAME, "starting the forward's dump and log line", exc)
+        window = _ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        if pending is not None:
-            try:
-                runner.end(pending)  # type: ignore[union-attr]
-            except Exception as exc:
-                patching.report_failure(NAME, "ending the forward's dump and log line", exc)
+        if window is not None:
+            _ctx.guarded("ending the forward's dump and log line", runner.end, window)
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    global _ctx, _version, _server_args_at
     cls = module.ModelRunner
-    if "server_args" not in inspect.signature(cls.__init__).parameters:
+    parameters = list(inspect.signature(cls.__init__).parameters)
+    if "server_args" not in parameters:
         raise patching.TargetChanged("ModelRunner.__init__ has no server_args parameter")
-    sglang_version()  # an unreadable version stops the patch here, not in a forward
-    patching.wrap_method(cls, "__init__", _init, NAME)
-    patching.wrap_method(cls, "forward", _forward, NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.ModelRunner, "forward", NAME)
-    patching.unwrap_method(module.ModelRunner, "__init__", NAME)
+    # An unreadable version stops the patch here, not in a forward.
+    _ctx, _version, _server_args_at = ctx, release(ctx), parameters.index("server_args") - 1
+    ctx.wrap(cls, "__init__", _init)
+    ctx.wrap(cls, "forward", _forward)

@@ -19,29 +19,20 @@ from packaging.version import Version
 from msprobe_hooks import patching
 from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, identities
 
-NAME = "sglang.schedule_batch"
 _CARRIES_REQS_FROM = Version("0.5.6")
 
 
-def _get_model_worker_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    worker_batch = wrapped(*args, **kwargs)
-    try:
-        setattr(worker_batch, REQUESTS_ATTR, identities(instance.reqs))
-    except Exception as exc:
-        patching.report_failure(NAME, "tagging the worker batch with its requests", exc)
-    return worker_batch
+def _tag(worker_batch: Any, schedule_batch: Any) -> None:
+    setattr(worker_batch, REQUESTS_ATTR, identities(schedule_batch.reqs))
 
 
-def _needed() -> bool:
-    from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
+    from msprobe_hooks.patches.sglang.model_runner import release
 
-    return sglang_model_runner.sglang_version() < _CARRIES_REQS_FROM
+    def get_model_worker_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        worker_batch = wrapped(*args, **kwargs)
+        ctx.guarded("tagging the worker batch with its requests", _tag, worker_batch, instance)
+        return worker_batch
 
-
-def patch(module: ModuleType) -> None:
-    if _needed():
-        patching.wrap_method(module.ScheduleBatch, "get_model_worker_batch", _get_model_worker_batch, NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.ScheduleBatch, "get_model_worker_batch", NAME)
+    if release(ctx) < _CARRIES_REQS_FROM:
+        ctx.wrap(module.ScheduleBatch, "get_model_worker_batch", get_model_worker_batch)

@@ -11,10 +11,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks.patching import TargetChanged, unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, TargetChanged, argument
 from msprobe_hooks.training import request_ids
-
-PATCH_NAME = "verl.request_id_agent_loop"
 
 # Where the trajectory methods are defined: AgentLoopWorkerBase in verl 0.7.0, AgentLoopWorker since.
 _WORKER_CLASSES = ("AgentLoopWorkerBase", "AgentLoopWorker")
@@ -25,18 +23,6 @@ async def _run_agent_loop(wrapped: Any, instance: Any, args: tuple, kwargs: dict
         return await wrapped(*args, **kwargs)
 
 
-async def _agent_loop_postprocess(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    request_ids.stamp_trajectory(args[0] if args else kwargs.get("output"), request_ids.current())
-    return await wrapped(*args, **kwargs)
-
-
-def _as_dict(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    request_ids.stamp_trajectory(instance, request_ids.current())
-    record = wrapped(*args, **kwargs)
-    request_ids.promote(record)
-    return record
-
-
 def _worker_class(module: ModuleType) -> type:
     for name in _WORKER_CLASSES:
         cls = vars(module).get(name)
@@ -45,29 +31,30 @@ def _worker_class(module: ModuleType) -> type:
     raise TargetChanged("no agent-loop worker class defines _run_agent_loop")
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    def stamp_trajectory(output: Any) -> None:
+        ctx.guarded("stamping the trajectory", request_ids.stamp_trajectory, output, request_ids.current())
+
+    async def agent_loop_postprocess(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        stamp_trajectory(argument(args, kwargs, "output", 0, None))
+        return await wrapped(*args, **kwargs)
+
+    def as_dict(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        stamp_trajectory(instance)
+        record = wrapped(*args, **kwargs)
+        ctx.guarded("promoting the request ids in a TransferQueue record", request_ids.promote, record)
+        return record
+
     worker = _worker_class(module)
-    wrap_method(worker, "_run_agent_loop", _run_agent_loop, PATCH_NAME)
-    wrap_method(worker, "_agent_loop_postprocess", _agent_loop_postprocess, PATCH_NAME)
+    ctx.wrap(worker, "_run_agent_loop", _run_agent_loop)
+    ctx.wrap(worker, "_agent_loop_postprocess", agent_loop_postprocess)
     if "as_dict" in vars(module.AgentLoopOutput):
-        wrap_method(module.AgentLoopOutput, "as_dict", _as_dict, PATCH_NAME)
+        ctx.wrap(module.AgentLoopOutput, "as_dict", as_dict)
     manager = vars(module).get("AsyncLLMServerManager")
     if manager is not None:
+        client = request_ids.ClientWrappers(ctx)
         if "_acquire_server" in vars(manager):
-            wrap_method(manager, "_acquire_server", request_ids.acquire_server, PATCH_NAME)
+            ctx.wrap(manager, "_acquire_server", client.acquire_server)
         else:
-            wrap_method(manager, "_choose_server", request_ids.choose_server, PATCH_NAME)
-        wrap_method(manager, "generate", request_ids.generate, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    for name in _WORKER_CLASSES:
-        cls = vars(module).get(name)
-        if isinstance(cls, type):
-            unwrap_method(cls, "_run_agent_loop", PATCH_NAME)
-            unwrap_method(cls, "_agent_loop_postprocess", PATCH_NAME)
-    unwrap_method(module.AgentLoopOutput, "as_dict", PATCH_NAME)
-    manager = vars(module).get("AsyncLLMServerManager")
-    if manager is not None:
-        for name in ("_acquire_server", "_choose_server", "generate"):
-            unwrap_method(manager, name, PATCH_NAME)
+            ctx.wrap(manager, "_choose_server", client.choose_server)
+        ctx.wrap(manager, "generate", client.generate)

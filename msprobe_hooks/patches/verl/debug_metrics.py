@@ -9,10 +9,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext
 from msprobe_hooks.training import prompts_only
-
-PATCH_NAME = "verl.trim_debug_metrics"
 
 
 def _calculate_debug_metrics(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -21,9 +19,5 @@ def _calculate_debug_metrics(wrapped: Any, instance: Any, args: tuple, kwargs: d
     return wrapped(*args, **kwargs)
 
 
-def patch(module: ModuleType) -> None:
-    wrap_method(module, "calculate_debug_metrics", _calculate_debug_metrics, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    unwrap_method(module, "calculate_debug_metrics", PATCH_NAME)
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    ctx.wrap(module, "calculate_debug_metrics", _calculate_debug_metrics)

@@ -7,7 +7,7 @@ when the backward from the returned loss finishes), or with ``PROMPTS_ONLY=1`` i
 pass one prompt-only forward per sample, made with the engine's own ``forward_step`` (so its own
 input packing, position ids and multi-modal inputs) before the real, undumped forward.
 
-Our work in both wrappers runs guarded (:func:`msprobe_hooks.patching.guarded`): an engine we
+Our work in both wrappers runs guarded (:meth:`msprobe_hooks.patching.PatchContext.guarded`): an engine we
 cannot read, a micro-batch layout we do not know, msprobe failing, each gives one line and the
 engine's call runs unchanged.
 """
@@ -22,10 +22,8 @@ from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
 from msprobe_hooks.training.actor_dump import dumper, is_trimmed
 
-PATCH_NAME = "verl.fsdp_engine"
 
-
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     from verl.utils.device import get_device_id
 
     value_head = module.FSDPEngineWithValueHead
@@ -35,7 +33,7 @@ def patch(module: ModuleType) -> None:
         return not engine.engine_config.forward_only and not isinstance(engine, value_head)
 
     def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor)
+        return dumper().run_pass(ctx, wrapped, instance, args, kwargs, is_actor)
 
     def wants_prompt_forwards(micro_batch: Any) -> bool:
         forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
@@ -56,13 +54,11 @@ def patch(module: ModuleType) -> None:
         current = state.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
         if current is None:
             return wrapped(*args, **kwargs)
-        micro_batch = kwargs["micro_batch"] if "micro_batch" in kwargs else args[0]
-        if current.phase == LOG_PROB and patching.guarded(
-            PATCH_NAME, "reading the micro-batch's mode", wants_prompt_forwards, micro_batch, default=False
+        micro_batch = patching.argument(args, kwargs, "micro_batch", 0)
+        if current.phase == LOG_PROB and ctx.guarded(
+            "reading the micro-batch's mode", wants_prompt_forwards, micro_batch, default=False
         ):
-            patching.guarded(
-                PATCH_NAME, "the prompt-only forwards", prompt_forwards, current, instance, wrapped, micro_batch
-            )
+            ctx.guarded("the prompt-only forwards", prompt_forwards, current, instance, wrapped, micro_batch)
             return wrapped(*args, **kwargs)
         state.open(getattr(instance, "module", None), current, "micro_batch", micro_batch)
         try:
@@ -73,10 +69,5 @@ def patch(module: ModuleType) -> None:
         state.forward_done(current.phase, result)
         return result
 
-    patching.wrap_method(module.FSDPEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)
-    patching.wrap_method(module.FSDPEngineWithLMHead, "forward_step", forward_step, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.FSDPEngineWithLMHead, "forward_step", PATCH_NAME)
-    patching.unwrap_method(module.FSDPEngine, "forward_backward_batch", PATCH_NAME)
+    ctx.wrap(module.FSDPEngine, "forward_backward_batch", forward_backward_batch)
+    ctx.wrap(module.FSDPEngineWithLMHead, "forward_step", forward_step)

@@ -13,15 +13,13 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.log import logger
 
-PATCH_NAME = "verl.legacy_actor"
-
 MESSAGE = (
     "DUMP_ON=1: verl's legacy actor worker (dp_actor) is not supported and will not be dumped; "
     "set trainer.use_legacy_worker_impl=disable to run the engine workers"
 )
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     said = False
 
     def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
@@ -31,8 +29,4 @@ def patch(module: ModuleType) -> None:
             said = True
             logger().warning(MESSAGE)
 
-    patching.wrap_method(module.DataParallelPPOActor, "__init__", init, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.DataParallelPPOActor, "__init__", PATCH_NAME)
+    ctx.wrap(module.DataParallelPPOActor, "__init__", init)

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext
 from msprobe_hooks.training import request_ids
 
-PATCH_NAME = "verl.request_id_llm_server"
 
-
-def patch(module: ModuleType) -> None:
-    wrap_method(module.LLMServerClient, "_acquire_server", request_ids.acquire_server, PATCH_NAME)
-    wrap_method(module.LLMServerClient, "generate", request_ids.generate, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    unwrap_method(module.LLMServerClient, "_acquire_server", PATCH_NAME)
-    unwrap_method(module.LLMServerClient, "generate", PATCH_NAME)
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    wrappers = request_ids.ClientWrappers(ctx)
+    ctx.wrap(module.LLMServerClient, "_acquire_server", wrappers.acquire_server)
+    ctx.wrap(module.LLMServerClient, "generate", wrappers.generate)

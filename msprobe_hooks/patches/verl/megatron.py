@@ -31,12 +31,6 @@ from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
 from msprobe_hooks.training.actor_dump import DumpRefused, dumper, is_trimmed
 
-PATCH_NAME = "verl.megatron_engine"
-
-
-def _batch_iter(args: tuple, kwargs: dict) -> Any:
-    return args[0] if args else kwargs["batch_iter"]
-
 
 def _with_batch_iter(args: tuple, kwargs: dict, batch_iter: Any) -> tuple[tuple, dict]:
     """The ``forward_step`` arguments with ``batch_iter`` in place of the schedule's iterator."""
@@ -45,7 +39,7 @@ def _with_batch_iter(args: tuple, kwargs: dict, batch_iter: Any) -> tuple[tuple,
     return args, {**kwargs, "batch_iter": batch_iter}
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     import torch
     from verl.utils.device import get_device_id
 
@@ -99,19 +93,19 @@ def patch(module: ModuleType) -> None:
             )
 
     def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        return dumper().run_pass(PATCH_NAME, wrapped, instance, args, kwargs, is_actor, refuse)
+        return dumper().run_pass(ctx, wrapped, instance, args, kwargs, is_actor, refuse)
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         state = dumper()
         current = state.begin_micro_batch(instance)
         if current is None:
             return wrapped(*args, **kwargs)
-        mode = patching.guarded(
-            PATCH_NAME, "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF
+        mode = ctx.guarded(
+            "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF
         )
         if current.phase == LOG_PROB and mode == prompts_only.FORWARD:
             # Take the micro-batch now; the real forward_step gets it back through an iterator of its own.
-            micro_batch = next(_batch_iter(args, kwargs))
+            micro_batch = next(patching.argument(args, kwargs, "batch_iter", 0))
             args, kwargs = _with_batch_iter(args, kwargs, iter([micro_batch]))
 
             def prompt_forward(batch: Any) -> None:
@@ -133,7 +127,7 @@ def patch(module: ModuleType) -> None:
                 )
                 return True
 
-            if patching.guarded(PATCH_NAME, "the prompt-only forwards", prompt_forwards, default=True):
+            if ctx.guarded("the prompt-only forwards", prompt_forwards, default=True):
                 return wrapped(*args, **kwargs)
         # The micro-batch is next(batch_iter), taken inside; postprocess names it.
         state.open(list(instance.module), current, "micro_batch")
@@ -148,19 +142,11 @@ def patch(module: ModuleType) -> None:
         current = state.current
         if current is None or not current.due or current.engine is not instance or not state.window_open:
             return wrapped(*args, **kwargs)
-        state.attach(kwargs["data"] if "data" in kwargs else args[1])
+        state.attach(patching.argument(args, kwargs, "data", 1))
         result = wrapped(*args, **kwargs)
         state.forward_done(current.phase, result)
         return result
 
-    patching.wrap_method(module.MegatronEngine, "forward_backward_batch", forward_backward_batch, PATCH_NAME)
-    patching.wrap_method(module.MegatronEngineWithLMHead, "forward_step", forward_step, PATCH_NAME)
-    patching.wrap_method(
-        module.MegatronEngineWithLMHead, "postprocess_micro_batch_func", postprocess_micro_batch_func, PATCH_NAME
-    )
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.MegatronEngineWithLMHead, "postprocess_micro_batch_func", PATCH_NAME)
-    patching.unwrap_method(module.MegatronEngineWithLMHead, "forward_step", PATCH_NAME)
-    patching.unwrap_method(module.MegatronEngine, "forward_backward_batch", PATCH_NAME)
+    ctx.wrap(module.MegatronEngine, "forward_backward_batch", forward_backward_batch)
+    ctx.wrap(module.MegatronEngineWithLMHead, "forward_step", forward_step)
+    ctx.wrap(module.MegatronEngineWithLMHead, "postprocess_micro_batch_func", postprocess_micro_batch_func)

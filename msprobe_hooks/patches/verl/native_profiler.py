@@ -14,24 +14,18 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.training.actor_dump import DumpRefused
 
-PATCH_NAME = "verl.native_profiler_guard"
 
-
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     def uses_msprobe(profiler: Any) -> bool:
         return profiler._tool == "precision_debugger" and bool(profiler._enable)
 
     def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
         wrapped(*args, **kwargs)
         profiler = patching.bound(instance, args)[0]
-        if patching.guarded(PATCH_NAME, "reading the profiler's tool", uses_msprobe, profiler, default=False):
+        if ctx.guarded("reading the profiler's tool", uses_msprobe, profiler, default=False):
             raise DumpRefused(
                 "DUMP_ON=1 and verl's global_profiler.tool=precision_debugger are both on: msprobe allows one "
                 "debugger per process, so their dumps would corrupt each other; turn one of them off"
             )
 
-    patching.wrap_method(module.DistProfiler, "__init__", init, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    patching.unwrap_method(module.DistProfiler, "__init__", PATCH_NAME)
+    ctx.wrap(module.DistProfiler, "__init__", init)

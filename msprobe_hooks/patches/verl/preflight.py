@@ -16,32 +16,30 @@ from types import ModuleType
 
 from msprobe_hooks import bootstrap, preflight
 from msprobe_hooks.config import PREFLIGHT_WARN
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, argument
 
-NAME = "verl.preflight"
 FUNCTION = "auto_set_device"
 
 log = logging.getLogger("msprobe_hooks")
-
-# Names imported from verl.utils.device before unpatch() keep the wrapper: it then passes straight through.
-_active = False
 
 
 class PreflightFailed(RuntimeError):
     """The run breaks pairing constraints and MSPROBE_HOOKS_PREFLIGHT=error: stop before any rollout."""
 
 
-def _check(config: object) -> None:
+def _findings(config: object, settings: object) -> tuple[list, list[str]]:
+    findings = preflight.check(config, settings)  # type: ignore[arg-type]
+    return findings, preflight.report(findings, "verl config")
+
+
+def _check(ctx: PatchContext, config: object) -> None:
     settings = bootstrap.current_config()
     if settings is None or not preflight.is_ppo_config(config):
         return  # SFT and eval entry points call auto_set_device too
-    try:
-        findings = preflight.check(config, settings)  # type: ignore[arg-type]
-        lines = preflight.report(findings, "verl config")
-    except Exception as exc:  # our own failure must not stop the user's run
-        log.warning("preflight could not check this run and steps aside: %s: %s", type(exc).__name__, exc)
-        log.debug("preflight failure", exc_info=True)
-        return
+    checked = ctx.guarded("checking the run's configuration", _findings, config, settings)
+    if checked is None:
+        return  # our own failure must not stop the user's run
+    findings, lines = checked
     if not findings:
         log.info("%s", lines[0])
         return
@@ -51,25 +49,16 @@ def _check(config: object) -> None:
         return
     hint = (
         "stopped before Ray starts: fix the settings above, or MSPROBE_HOOKS_PREFLIGHT=warn to run anyway "
-        f"(MSPROBE_HOOKS_DISABLE={NAME} skips the check)"
+        f"(MSPROBE_HOOKS_DISABLE={ctx.name} skips the check)"
     )
     raise PreflightFailed("\n".join([*lines, hint]))
 
 
-def _after_device_set(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
-    if _active:
-        _check(args[0] if args else kwargs.get("config"))
-    return result
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    def after_device_set(wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        if ctx.active:  # a name imported from verl.utils.device before the revert passes straight through
+            _check(ctx, argument(args, kwargs, "config", 0, None))
+        return result
 
-
-def patch(module: ModuleType) -> None:
-    global _active
-    wrap_method(module, FUNCTION, _after_device_set, NAME)
-    _active = True
-
-
-def unpatch(module: ModuleType) -> None:
-    global _active
-    _active = False
-    unwrap_method(module, FUNCTION, NAME)
+    ctx.wrap(module, FUNCTION, after_device_set)

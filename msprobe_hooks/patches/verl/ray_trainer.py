@@ -11,23 +11,19 @@ from types import ModuleType
 from typing import Any
 
 from msprobe_hooks import bootstrap
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, argument
 from msprobe_hooks.training import prompts_only
 
-PATCH_NAME = "verl.trim_ray_trainer"
 
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    def compute_old_log_prob(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        batch = argument(args, kwargs, "batch", 0, None)
+        prompts_only.trim_before_old_log_prob(
+            ctx,
+            bootstrap.current_config(),
+            getattr(instance, "config", None),
+            lambda: prompts_only.trim_padded(batch.batch),
+        )
+        return wrapped(*args, **kwargs)
 
-def _compute_old_log_prob(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    batch = args[0] if args else kwargs.get("batch")
-    prompts_only.trim_before_old_log_prob(
-        bootstrap.current_config(), getattr(instance, "config", None), lambda: prompts_only.trim_padded(batch.batch)
-    )
-    return wrapped(*args, **kwargs)
-
-
-def patch(module: ModuleType) -> None:
-    wrap_method(module.RayPPOTrainer, "_compute_old_log_prob", _compute_old_log_prob, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    unwrap_method(module.RayPPOTrainer, "_compute_old_log_prob", PATCH_NAME)
+    ctx.wrap(module.RayPPOTrainer, "_compute_old_log_prob", compute_old_log_prob)

@@ -7,26 +7,15 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, argument
 from msprobe_hooks.training import prompts_only
-
-PATCH_NAME = "verl.trim_rollout_correction"
 
 
 def _compute_rollout_correction_and_add_to_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if prompts_only.batch_trimmed():
-        return (args[0] if args else kwargs.get("batch")), {}
+        return argument(args, kwargs, "batch", 0, None), {}
     return wrapped(*args, **kwargs)
 
 
-def patch(module: ModuleType) -> None:
-    wrap_method(
-        module,
-        "compute_rollout_correction_and_add_to_batch",
-        _compute_rollout_correction_and_add_to_batch,
-        PATCH_NAME,
-    )
-
-
-def unpatch(module: ModuleType) -> None:
-    unwrap_method(module, "compute_rollout_correction_and_add_to_batch", PATCH_NAME)
+def patch(module: ModuleType, ctx: PatchContext) -> None:
+    ctx.wrap(module, "compute_rollout_correction_and_add_to_batch", _compute_rollout_correction_and_add_to_batch)

@@ -11,10 +11,8 @@ from types import ModuleType
 from typing import Any
 
 from msprobe_hooks import bootstrap
-from msprobe_hooks.patching import TargetChanged, unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, TargetChanged, argument
 from msprobe_hooks.training import prompts_only
-
-PATCH_NAME = "verl.trim_v1_trainer"
 
 
 def _trim_in_transfer_queue(tq: Any, batch: Any) -> None:
@@ -22,20 +20,19 @@ def _trim_in_transfer_queue(tq: Any, batch: Any) -> None:
     tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=prompts_only.trim_jagged(data))
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: ModuleType, ctx: PatchContext) -> None:
     tq = getattr(module, "tq", None)
     if not (hasattr(tq, "kv_batch_get") and hasattr(tq, "kv_batch_put")):
         raise TargetChanged("trainer_base no longer uses transfer_queue's kv_batch_get/kv_batch_put")
 
     def compute_old_log_prob(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        batch = args[0] if args else kwargs.get("batch")
+        batch = argument(args, kwargs, "batch", 0, None)
         prompts_only.trim_before_old_log_prob(
-            bootstrap.current_config(), getattr(instance, "config", None), lambda: _trim_in_transfer_queue(tq, batch)
+            ctx,
+            bootstrap.current_config(),
+            getattr(instance, "config", None),
+            lambda: _trim_in_transfer_queue(tq, batch),
         )
         return wrapped(*args, **kwargs)
 
-    wrap_method(module.PPOTrainer, "_compute_old_log_prob", compute_old_log_prob, PATCH_NAME)
-
-
-def unpatch(module: ModuleType) -> None:
-    unwrap_method(module.PPOTrainer, "_compute_old_log_prob", PATCH_NAME)
+    ctx.wrap(module.PPOTrainer, "_compute_old_log_prob", compute_old_log_prob)

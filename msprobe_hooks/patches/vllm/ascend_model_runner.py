@@ -26,10 +26,9 @@ import wrapt
 from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.log import logger
+from msprobe_hooks.patches.vllm import VLLM_MODEL_RUNNER
 from msprobe_hooks.patches.vllm import model_runner as vllm_model_runner
-from msprobe_hooks.patching import TargetChanged, report_failure, unwrap_method, wrap_method
-
-PATCH_NAME = "vllm_ascend.model_runner"
+from msprobe_hooks.patching import PatchContext, TargetChanged
 
 _roots: dict[int, str] = {}  # id of a native debugger -> its dump_path before we moved it under {pid}
 
@@ -37,22 +36,23 @@ _roots: dict[int, str] = {}  # id of a native debugger -> its dump_path before w
 class ObservedDebugger(wrapt.ObjectProxy):
     """vLLM-Ascend's debugger, unchanged, with its ``start()`` and ``step()`` reported to the dispatch log."""
 
-    def __init__(self, wrapped: Any, state: vllm_model_runner.RunnerState) -> None:
+    def __init__(self, wrapped: Any, state: vllm_model_runner.RunnerDump, ctx: PatchContext) -> None:
         super().__init__(wrapped)
         self._self_state = state
+        self._self_ctx = ctx
 
     def start(self, *args: Any, **kwargs: Any) -> Any:
         result = self.__wrapped__.start(*args, **kwargs)
-        vllm_model_runner.guarded(PATCH_NAME, "following the native start()", self._self_state.on_started)
+        self._self_ctx.guarded("following the native start()", self._self_state.on_started)
         return result
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         result = self.__wrapped__.step(*args, **kwargs)
-        vllm_model_runner.guarded(PATCH_NAME, "following the native step()", self._self_state.on_stepped)
+        self._self_ctx.guarded("following the native step()", self._self_state.on_stepped)
         return result
 
 
-def follow_native_debugger(runner: Any) -> None:
+def follow_native_debugger(runner: Any, ctx: PatchContext) -> None:
     state = vllm_model_runner.state_of(runner)
     cfg = current_config()
     if state is None or cfg is None:
@@ -78,27 +78,19 @@ def follow_native_debugger(runner: Any) -> None:
         root = _roots[id(native)] = os.path.abspath(debugger_module.dump_root(native))
         debugger_module.set_dump_root(native, os.path.join(root, str(os.getpid())))
     state.follow(native, root)
-    runner.debugger = ObservedDebugger(native, state)
+    runner.debugger = ObservedDebugger(native, state, ctx)
 
 
-def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    try:
-        follow_native_debugger(instance)
-    except Exception as exc:
-        report_failure(PATCH_NAME, "following vLLM-Ascend's debugger", exc)
-    return result
+def patch(module: Any, ctx: PatchContext) -> None:
+    def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        ctx.guarded("following vLLM-Ascend's debugger", follow_native_debugger, instance, ctx)
+        return result
 
-
-def patch(module: Any) -> None:
     from vllm.v1.worker import gpu_model_runner
 
     if not issubclass(module.NPUModelRunner, gpu_model_runner.GPUModelRunner):
         raise TargetChanged("NPUModelRunner no longer derives from vLLM's GPUModelRunner")
     if not vllm_model_runner.is_applied(gpu_model_runner):
-        raise TargetChanged(f"needs patch {vllm_model_runner.PATCH_NAME}, which is not applied")
-    wrap_method(module.NPUModelRunner, "__init__", _init, PATCH_NAME)
-
-
-def unpatch(module: Any) -> None:
-    unwrap_method(module.NPUModelRunner, "__init__", PATCH_NAME)
+        raise TargetChanged(f"needs patch {VLLM_MODEL_RUNNER.name}, which is not applied")
+    ctx.wrap(module.NPUModelRunner, "__init__", init)

@@ -3,7 +3,7 @@
 Patch ``vllm.model_runner`` wraps ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, which
 vLLM-Ascend's ``NPUModelRunner`` inherits:
 
-* ``__init__`` (after): the runner's :class:`RunnerState`. With ``MSPROBE_GENERATE_CONFIG`` set
+* ``__init__`` (after): the runner's :class:`RunnerDump`. With ``MSPROBE_GENERATE_CONFIG`` set
   on GPU vLLM, this patch drives msprobe itself, as vLLM-Ascend does natively, provided the
   engine is eager (else it refuses, one error line) and the runner class runs vLLM's own
   ``execute_model``. It also puts back any of these wrappers that something replaced since
@@ -15,8 +15,8 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
   the step is over (``execute_model`` returned output, raised, or ``sample_tokens`` returned).
 
 A line is written once the step's requests and its msprobe ``start()`` are both known
-(:class:`RunnerState`), so ``step`` is the folder msprobe dumps that forward into. The vLLM-Ascend
-patch (:mod:`.vllm_ascend_model_runner`) reports the native debugger's ``start()``/``step()``
+(:class:`RunnerDump`), so ``step`` is the folder msprobe dumps that forward into. The vLLM-Ascend
+patch (:mod:`.ascend_model_runner`) reports the native debugger's ``start()``/``step()``
 into the same state.
 """
 
@@ -35,6 +35,7 @@ from msprobe_hooks.inference.dispatch_log import (
     PromptHashes,
     ScheduledRequest,
     StepCounter,
+    StepWindow,
     current_rank,
     make_scheduled_request,
     open_log,
@@ -42,13 +43,13 @@ from msprobe_hooks.inference.dispatch_log import (
 )
 from msprobe_hooks.join_keys import strip_vllm_suffix
 from msprobe_hooks.log import logger
-from msprobe_hooks.patching import TargetChanged, guarded, is_ours, report_failure, unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext, Refusal, TargetChanged, argument
 
-PATCH_NAME = "vllm.model_runner"
 EAGER_HINT = "enforce_eager=True (--enforce-eager; verl: actor_rollout_ref.rollout.enforce_eager=True)"
 
-_states: weakref.WeakKeyDictionary[Any, RunnerState] = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[Any, RunnerDump] = weakref.WeakKeyDictionary()
 _runner_class: Any = None  # the GPUModelRunner class patched
+_ctx: PatchContext | None = None  # the context it was patched with
 
 
 def randomizes_request_ids(vllm_version: str | None, environ: Any = os.environ) -> bool:
@@ -71,24 +72,13 @@ def randomizes_request_ids(vllm_version: str | None, environ: Any = os.environ) 
     return version < Version("0.17.0.dev0") or not opted_out
 
 
-class EngineNotEager(RuntimeError):
+class EngineNotEager(Refusal):
     """MSPROBE_GENERATE_CONFIG with a compiled or graph-captured engine (raised under MSPROBE_HOOKS_STRICT=1)."""
 
 
-class _Window:
-    """One msprobe step: from a ``start()`` to the ``step()`` that ends it."""
-
-    __slots__ = ("started", "step", "dumped", "requests")
-
-    def __init__(self) -> None:
-        self.started = False
-        self.step = 0
-        self.dumped = False
-        self.requests: list[ScheduledRequest] | None = None
-
-
-class RunnerState:
-    """What the patches keep per model runner: the log, step numbering, the debugger followed."""
+class RunnerDump:
+    """What one model runner dumps and logs: its dispatch log, step numbering, the debugger followed
+    (SGLang's counterpart: ``patches.sglang.model_runner.RunnerDump``)."""
 
     def __init__(self, runner: Any, cfg: Config) -> None:
         ascend = type(runner).__module__.split(".")[0] == "vllm_ascend"
@@ -103,7 +93,7 @@ class RunnerState:
         self.debugger: Any = None  # the msprobe debugger whose steps the lines follow
         self.drive_config: str | None = None  # set when this patch creates and drives msprobe (GPU vLLM)
         self.in_step = False  # a start() of ours awaits its stop()/step()
-        self.window: _Window | None = None
+        self.window: StepWindow | None = None
         self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
 
     # --- following a debugger ------------------------------------------------------------------
@@ -128,14 +118,14 @@ class RunnerState:
             return
         if window is not None and window.requests is not None:
             self._write_unstarted(window)
-        self.window = _Window()
+        self.window = StepWindow()
         self.window.requests = requests
 
     def on_started(self) -> None:
         """The followed debugger's ``start()`` returned."""
         window = self.window
         if window is None or window.started:
-            window = self.window = _Window()
+            window = self.window = StepWindow()
         window.started = True
         window.step = self.counter.take(self.debugger)
         window.dumped = is_recording()
@@ -148,7 +138,7 @@ class RunnerState:
         if window is not None and not window.started and window.requests is not None:
             self._write_unstarted(window)
 
-    def _write_unstarted(self, window: _Window) -> None:
+    def _write_unstarted(self, window: StepWindow) -> None:
         # A model step no start() covered (an early return between _update_states and start()).
         self._write(self.counter.take(), False, window.requests or [])
 
@@ -203,14 +193,14 @@ class RunnerState:
             self.on_stepped()  # the window closes even if msprobe failed
 
 
-def state_of(runner: Any) -> RunnerState | None:
+def state_of(runner: Any) -> RunnerDump | None:
     return _states.get(runner)
 
 
 # --- Reading the batch ------------------------------------------------------------------------
 
 
-def scheduled_requests(runner: Any, scheduler_output: Any, state: RunnerState) -> list[ScheduledRequest]:
+def scheduled_requests(runner: Any, scheduler_output: Any, state: RunnerDump) -> list[ScheduledRequest]:
     """The step's requests in packed order: ``input_batch`` rows as ``_update_states`` left them."""
     batch = runner.input_batch
     request_ids = batch.req_ids
@@ -265,7 +255,7 @@ def _set_up(runner: Any, base: type) -> None:
     cfg = current_config()
     if cfg is None:
         return
-    state = _states[runner] = RunnerState(runner, cfg)
+    state = _states[runner] = RunnerDump(runner, cfg)
     if not cfg.generate_config or state.engine != "vllm":
         return  # vLLM-Ascend: its own switch, followed by the vllm_ascend.model_runner patch
     dump_path = read_msprobe_config("MSPROBE_GENERATE_CONFIG", cfg.generate_config).get("dump_path")
@@ -296,16 +286,16 @@ def _set_up(runner: Any, base: type) -> None:
 
 def _init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
-    try:
-        replaced = _install(_runner_class)
-        if replaced:
-            logger().info("re-applied %s to %s, replaced since import", PATCH_NAME, ", ".join(replaced))
-        _set_up(instance, _runner_class)
-    except EngineNotEager:
-        raise  # MSPROBE_HOOKS_STRICT=1: the refusal stops the engine
-    except Exception as exc:
-        report_failure(PATCH_NAME, "setting up the runner's dispatch log and dumps", exc)
+    # EngineNotEager (MSPROBE_HOOKS_STRICT=1) is a Refusal: it passes the guard and stops the engine.
+    _ctx.guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)
     return result
+
+
+def _set_up_runner(runner: Any) -> None:
+    replaced = _install(_runner_class)
+    if replaced:
+        logger().info("re-applied %s to %s, replaced since import", _ctx.name, ", ".join(replaced))
+    _set_up(runner, _runner_class)
 
 
 def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -317,12 +307,12 @@ def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
         result = wrapped(*args, **kwargs)
     finally:
         state.depth -= 1
-    scheduler_output = args[0] if args else kwargs["scheduler_output"]
-    guarded(PATCH_NAME, "recording the step's requests", _record_step, instance, state, scheduler_output)
+    _ctx.guarded("recording the step's requests", _record_step, instance, state, args, kwargs)
     return result
 
 
-def _record_step(runner: Any, state: RunnerState, scheduler_output: Any) -> None:
+def _record_step(runner: Any, state: RunnerDump, args: tuple, kwargs: dict) -> None:
+    scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
     if state.drive_config is not None and state.debugger is None:
@@ -340,10 +330,10 @@ def _execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     try:
         result = wrapped(*args, **kwargs)
     except BaseException:
-        guarded(PATCH_NAME, "ending the step's dump", state.finish)
+        _ctx.guarded("ending the step's dump", state.finish)
         raise
     if result is not None:  # output now (0.11.0, pooling, PP), else sample_tokens() ends the step
-        guarded(PATCH_NAME, "ending the step's dump", state.finish)
+        _ctx.guarded("ending the step's dump", state.finish)
     return result
 
 
@@ -354,7 +344,7 @@ def _sample_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
     try:
         return wrapped(*args, **kwargs)
     finally:
-        guarded(PATCH_NAME, "ending the step's dump", state.finish)
+        _ctx.guarded("ending the step's dump", state.finish)
 
 
 WRAPPERS: dict[str, Callable[..., Any]] = {
@@ -369,26 +359,19 @@ def _install(cls: type) -> list[str]:
     """Wrap every method not (or no longer) wrapped; the names newly wrapped."""
     wrapped = []
     for name, wrapper in WRAPPERS.items():
-        if name not in vars(cls):
-            continue
-        if not is_ours(vars(cls)[name], PATCH_NAME):
-            wrap_method(cls, name, wrapper, PATCH_NAME)
+        if name in vars(cls) and not _ctx.is_wrapped(cls, name):
+            _ctx.wrap(cls, name, wrapper)
             wrapped.append(f"{cls.__qualname__}.{name}")
     return wrapped
 
 
 def is_applied(module: Any) -> bool:
-    return is_ours(vars(module.GPUModelRunner).get("__init__"), PATCH_NAME)
+    return _ctx is not None and _ctx.active and _ctx.is_wrapped(module.GPUModelRunner, "__init__")
 
 
-def patch(module: Any) -> None:
-    global _runner_class
-    if current_config() is None:
+def patch(module: Any, ctx: PatchContext) -> None:
+    global _runner_class, _ctx
+    if ctx.config is None:
         raise TargetChanged("msprobe-hooks is not active in this process")
-    _runner_class = module.GPUModelRunner
+    _runner_class, _ctx = module.GPUModelRunner, ctx
     _install(module.GPUModelRunner)
-
-
-def unpatch(module: Any) -> None:
-    for name in WRAPPERS:
-        unwrap_method(module.GPUModelRunner, name, PATCH_NAME)

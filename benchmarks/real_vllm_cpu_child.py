@@ -5,9 +5,9 @@ PYTHONPATH (the hooks come from the environment, as in any job). ``VLLM_ENABLE_V
 keeps the engine core and its worker in this process, so this benchmark-only script can time the
 patch's per-step work from outside the library: it replaces the patch module's ``_record_step``
 (everything the ``_update_states`` wrapper does after vLLM's own call) with a timed call of it, and
-takes the thread CPU time between two steps' calls as the step's CPU time on the thread that runs
-the model (the engine's OpenMP threads compute beside it). Prints one JSON line: steps, rows, and
-microseconds per step of both.
+takes the time between two steps' calls as the step's: its wall time, and its CPU time on the thread
+that runs the model (which includes that thread's share of the OpenMP regions, spin-waits too).
+Prints one JSON line: steps, rows a step, and microseconds per step of each.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ def main(scenario_path: str, rounds: int) -> None:
     llm = LLM(model=scenario["model"], **ENGINE_DEFAULTS)
     patch = importlib.import_module(PATCH_MODULE)  # imported by the patch once vLLM's runner was
     record_step = patch._record_step
-    totals = {"calls": 0, "ours_ns": 0, "rows": 0, "intervals": 0, "step_ns": 0}
-    last_call = [0]  # thread CPU time at the last call, 0 at a generation's start
+    totals = {"calls": 0, "ours_ns": 0, "rows": 0, "intervals": 0, "step_ns": 0, "step_wall_ns": 0}
+    last_call = [0, 0]  # thread CPU and wall time at the last call; 0 at a generation's start
 
     def timed_record_step(runner, state, scheduler_output):
-        began = time.thread_time_ns()
+        began, wall = time.thread_time_ns(), time.perf_counter_ns()
         if last_call[0]:
             totals["intervals"] += 1
             totals["step_ns"] += began - last_call[0]
-        last_call[0] = began
+            totals["step_wall_ns"] += wall - last_call[1]
+        last_call[:] = began, wall
         try:
             return record_step(runner, state, scheduler_output)
         finally:
@@ -55,7 +56,7 @@ def main(scenario_path: str, rounds: int) -> None:
     patch._record_step = timed_record_step
     for _ in range(rounds):
         generate(llm.llm_engine, scenario["waves"])
-        last_call[0] = 0  # the gap between two generations is no step
+        last_call[:] = 0, 0  # the gap between two generations is no step
     calls = totals["calls"]
     print(
         "CPU "
@@ -65,6 +66,7 @@ def main(scenario_path: str, rounds: int) -> None:
                 "rows_per_step": totals["rows"] / calls,
                 "ours_us": totals["ours_ns"] / calls / 1e3,
                 "step_us": totals["step_ns"] / totals["intervals"] / 1e3,
+                "step_wall_us": totals["step_wall_ns"] / totals["intervals"] / 1e3,
             }
         ),
         flush=True,

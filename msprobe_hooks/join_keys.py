@@ -26,6 +26,13 @@ def strip_vllm_suffix(request_id: str) -> str:
     return match.group("base") if match else request_id
 
 
+_last_timestamp = (-1, "")  # (epoch second, its text): every dispatch-log line asks, many per second
+
+
 def timestamp() -> str:
     """Local time, second resolution, as in the published recipe's logs."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    global _last_timestamp
+    second = int(time.time())
+    if _last_timestamp[0] != second:  # one tuple assigned at once: safe across threads
+        _last_timestamp = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second)))
+    return _last_timestamp[1]

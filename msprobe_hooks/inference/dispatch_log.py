@@ -110,44 +110,52 @@ def step_line(
     """
     if len(_row_json) > 2 * len(requests) + 4096:
         _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
-    rows = []
+    rows: list[str] = []
+    append = rows.append
     offset = prefill_rows = 0
     for request_id, base, new, tokens, computed, prompt_len, hashed_prompt, mode_prefill in requests:
         key = (request_id, base, prompt_len, hashed_prompt)
         constants = _row_json.get(key) or _row_json.setdefault(key, _encode_row_constants(key))
-        head, tail, decode_head, decode_tail = constants
         # ScheduledRequest.prefill and .full_prefill, inline: two property calls cost more than the row
-        prefill = mode_prefill if computed is None or prompt_len is None else computed < prompt_len
-        if tokens == 1 and not (prefill or new or computed is None):  # a running request's decode: most rows
-            rows.append(f'{decode_head}{offset},"computed_tokens":{computed}{decode_tail}')
+        if computed is None or prompt_len is None:
+            prefill = mode_prefill
+        elif computed < prompt_len:
+            prefill = True
+        elif tokens == 1 and not new:  # a running request's decode: most rows, the shortest path
+            append(f'{constants[2]}{offset},"computed_tokens":{computed}{constants[3]}')
+            offset += 1
+            continue
         else:
-            full_prefill = prefill and computed == 0 and tokens == prompt_len
-            computed_json = "null" if computed is None else computed
-            rows.append(
-                f'{head}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
-                f'"computed_tokens":{computed_json}{tail}{_BOOL_JSON[full_prefill]}}}'
-            )
+            prefill = False
+        full_prefill = prefill and computed == 0 and tokens == prompt_len
+        computed_json = "null" if computed is None else computed
+        append(
+            f'{constants[0]}{_TYPE_JSON[new]},"prefill":{_BOOL_JSON[prefill]},"tokens":{tokens},"offset":{offset},'
+            f'"computed_tokens":{computed_json}{constants[1]}{_BOOL_JSON[full_prefill]}}}'
+        )
         offset += tokens
         prefill_rows += prefill
-    record: dict[str, Any] = {
-        "source": SOURCE,
-        "engine": engine,
-        "engine_version": engine_version,
-        "timestamp": timestamp(),
-        "pid": os.getpid(),
-        "rank": rank,
-        "step": step,
-        "dumped": dumped,
-        "phase": _phase(prefill_rows),
-    }
-    if forward_mode is not None:
-        record["forward_mode"] = forward_mode
-    record.update(
-        total_num_scheduled_tokens=offset,
-        num_requests=len(requests),
-        prefill_requests=prefill_rows,  # 0 < it < num_requests: a step mixing prefill and decode rows
+    mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
+    return (
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{os.getpid()},'
+        f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
+        f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
+        f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}]}}'
     )
-    return f'{encode(record)[:-1]},"requests":[{",".join(rows)}]}}'
+
+
+# The line's head without json.dumps: one encode() of a small dict cost as much as ten decode rows.
+@functools.lru_cache(maxsize=16)
+def _line_head(engine: str, engine_version: str | None) -> str:
+    """The fields every line of one engine shares, up to ``timestamp``."""
+    return f'{{"source":"{SOURCE}","engine":{encode(engine)},"engine_version":{encode(engine_version)},'
+
+
+def _scalar_json(value: Any) -> str:
+    """``encode(value)``, with plain ints and bools (the usual rank, step and dumped) done directly."""
+    if value is True or value is False:
+        return _BOOL_JSON[value]
+    return str(value) if type(value) is int else encode(value)
 
 
 def open_log(root: str) -> JsonlLog:
@@ -155,13 +163,15 @@ def open_log(root: str) -> JsonlLog:
     return JsonlLog(root, FILENAME)
 
 
+def distributed_ready() -> bool:
+    """torch.distributed is imported and its default group is initialized."""
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 def current_rank() -> int:
     """The torch.distributed rank (the ``rank{R}`` folder msprobe dumps into), 0 when not distributed."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
+    return int(sys.modules["torch"].distributed.get_rank()) if distributed_ready() else 0
 
 
 @dataclass(slots=True)

@@ -11,8 +11,9 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
 * ``_update_states`` (after): the persistent batch is final here (condensed and reordered), so
   ``input_batch.req_ids`` is the order of the packed tokens. One :class:`ScheduledRequest` per
   row; then, when driving msprobe, ``start()`` with the scheduled tokens in that order.
-* ``execute_model`` / ``sample_tokens``: when driving msprobe, ``stop()`` and ``step()`` once
-  the step is over (``execute_model`` returned output, raised, or ``sample_tokens`` returned).
+* ``execute_model`` / ``sample_tokens``, wrapped only with ``MSPROBE_GENERATE_CONFIG``: when driving
+  msprobe, ``stop()`` and ``step()`` once the step is over (``execute_model`` returned output,
+  raised, or ``sample_tokens`` returned).
 
 A line is written once the step's requests and its msprobe ``start()`` are both known
 (:class:`RunnerDump`), so ``step`` is the folder msprobe dumps that forward into. The vLLM-Ascend
@@ -37,6 +38,7 @@ from msprobe_hooks.inference.dispatch_log import (
     StepCounter,
     StepWindow,
     current_rank,
+    distributed_ready,
     make_scheduled_request,
     open_log,
     step_line,
@@ -95,6 +97,7 @@ class RunnerDump:
         self.in_step = False  # a start() of ours awaits its stop()/step()
         self.window: StepWindow | None = None
         self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
+        self.rank: int | None = None  # once torch.distributed is up: asking it costs more than a row
 
     # --- following a debugger ------------------------------------------------------------------
 
@@ -149,10 +152,15 @@ class RunnerDump:
         return base, self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
 
     def _write(self, step: int, dumped: bool, requests: list[ScheduledRequest]) -> None:
+        rank = self.rank
+        if rank is None:
+            rank = current_rank()
+            if distributed_ready():  # a worker's rank does not change once its group exists
+                self.rank = rank
         line = step_line(
             engine=self.engine,
             engine_version=self.engine_version,
-            rank=current_rank(),
+            rank=rank,
             step=step,
             dumped=dumped,
             requests=requests,
@@ -355,11 +363,18 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
 }
 
 
+# What only a dump needs: without MSPROBE_GENERATE_CONFIG these wrappers would do nothing at every step.
+DUMP_WRAPPERS = frozenset({"execute_model", "sample_tokens"})
+
+
 def _install(cls: type) -> list[str]:
-    """Wrap every method not (or no longer) wrapped; the names newly wrapped."""
+    """Wrap every method (that this configuration needs) not, or no longer, wrapped; the names newly wrapped."""
+    dumps = _ctx.config is not None and bool(_ctx.config.generate_config)
     wrapped = []
     for name, wrapper in WRAPPERS.items():
-        if name in vars(cls) and not _ctx.is_wrapped(cls, name):
+        if name not in vars(cls) or (name in DUMP_WRAPPERS and not dumps):
+            continue
+        if not _ctx.is_wrapped(cls, name):
             _ctx.wrap(cls, name, wrapper)
             wrapped.append(f"{cls.__qualname__}.{name}")
     return wrapped

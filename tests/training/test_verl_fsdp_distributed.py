@@ -15,7 +15,7 @@ from verl_runs import run_engine
 
 from msprobe_hooks import join_keys
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import verl_cpu  # noqa: E402
 
 

@@ -26,7 +26,7 @@ from sglang_support import dispatch_log, dumped_modules, step_folders
 
 from msprobe_hooks.join_keys import prompt_hash
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import verl_cpu  # noqa: E402
 
 PROMPTS = {"req-a": [5, 6, 7, 8], "req-b": [9, 10, 11], "req-c": [5, 6, 7, 20, 21]}

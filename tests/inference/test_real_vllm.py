@@ -23,7 +23,7 @@ from vllm_standin import dispatch_log, dumped_steps
 
 from msprobe_hooks.join_keys import prompt_hash
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import verl_cpu  # noqa: E402
 
 PROMPTS = {

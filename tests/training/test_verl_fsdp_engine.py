@@ -18,7 +18,7 @@ from verl_runs import OPS, EngineRun, run_engine, write_config
 
 from msprobe_hooks import join_keys
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import verl_cpu  # noqa: E402
 
 SPEC = {"ops": OPS, "count": 4, "seed": 0, "micro_batch_size": 2}
@@ -283,7 +283,7 @@ print(json.dumps(results))
 
 
 def test_forward_backward_batch_with_a_stand_in_self_runs_unchanged(tmp_path: Path) -> None:
-    code = STAND_IN_SELF.format(examples=str(Path(__file__).resolve().parent.parent / "examples"))
+    code = STAND_IN_SELF.format(examples=str(Path(__file__).resolve().parents[2] / "examples"))
     variables = {"MSPROBE_HOOKS_OUTPUT_DIR": str(tmp_path / "dumps"), "DUMP_PHASE": "all"}
     dumped = run_python(code, shim_env(DUMP_ON="1", **variables), cwd=tmp_path)
     plain = run_python(code, shim_env(**variables), cwd=tmp_path)

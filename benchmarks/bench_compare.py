@@ -33,11 +33,13 @@ _LAYER = re.compile(r"layers\.(\d+)")
 
 
 def _make_pairs(folder: Path) -> Path:
-    sys.path[:0] = [str(REPO / "tests")]
-    import compare_runs
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]  # cpu_kit, support
+    from support import compare_runs
 
-    model, _ = compare_runs.build_models(folder)
-    prompts = compare_runs.write_prompts(folder / "prompts.jsonl")
+    from cpu_kit.demo_inputs import build_models, write_prompts
+
+    model, _ = build_models(folder)
+    prompts = write_prompts(folder / "prompts.jsonl")
     config = compare_runs.msprobe_config(folder / "config.json")
     train = compare_runs.run_training(folder / "train", model, prompts, config)
     generate = compare_runs.run_vllm(folder / "generate", model, prompts, config)

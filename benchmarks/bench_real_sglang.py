@@ -22,7 +22,7 @@ from pathlib import Path
 from engine_rounds import close, report, run_rounds
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "examples"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # cpu_kit, support
 
 REQUESTS = 16
 PROMPT_LEN = 16
@@ -33,7 +33,7 @@ PAIRS = 2
 
 
 def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
-    from real_sglang import CHILD, SGLANG_VENV, engine_env
+    from support.real_sglang import CHILD, SGLANG_VENV, engine_env
 
     environ = engine_env(MSPROBE_HOOKS_OUTPUT_DIR=str(work / name), **env)
     command = [str(SGLANG_VENV / "bin" / "python"), str(CHILD), str(scenario), "-"]
@@ -42,8 +42,9 @@ def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Pope
 
 
 def main() -> int:
-    import verl_cpu
-    from real_sglang import SGLANG_VENV, tokenizer_dir
+    from support.real_sglang import SGLANG_VENV, tokenizer_dir
+
+    from cpu_kit import verl_cpu
 
     if not (SGLANG_VENV / "bin" / "python").exists():
         print("skipped: .venv-sglang is missing (make install-sglang)")

@@ -24,8 +24,8 @@ from engine_rounds import close, report, run_rounds
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-CHILD = REPO / "tests" / "real_vllm_child.py"
-sys.path.insert(0, str(REPO / "examples"))
+CHILD = REPO / "tests" / "support" / "real_vllm_child.py"
+sys.path.insert(0, str(REPO))  # cpu_kit
 
 REQUESTS = 32
 PROMPT_LEN = 16
@@ -55,7 +55,7 @@ def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Pope
 
 
 def main() -> int:
-    import verl_cpu
+    from cpu_kit import verl_cpu
 
     if not VLLM_PYTHON.exists():
         print("skipped: .venv-vllm is missing (make install-vllm)")

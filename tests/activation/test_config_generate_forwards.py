@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import clean_env
+from support.interpreter import clean_env
 
 from msprobe_hooks import config
 

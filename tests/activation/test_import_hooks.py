@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import clean_env, run_python
+from support.interpreter import clean_env, run_python
 
 CODE = """
 import importlib.machinery, json, sys

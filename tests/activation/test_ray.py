@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from conftest import clean_env, run_python, shim_env
+from support.interpreter import clean_env, run_python, shim_env
 
 DRIVER = """
 import json, os, sys

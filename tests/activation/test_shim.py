@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES, run_python, shim_env
+from support import STANDINS
+from support.interpreter import run_python, shim_env
 
 from msprobe_hooks import config as config_module
 
@@ -48,7 +49,7 @@ def test_on_in_an_interpreter_without_the_package_is_silent():
     # but cannot import msprobe_hooks.
     base = sys._base_executable
     assert base != sys.executable
-    result = run_python(REPORT, shim_env(FIXTURES / "user_site", DUMP_ON="1"), python=base)
+    result = run_python(REPORT, shim_env(STANDINS / "user_site", DUMP_ON="1"), python=base)
     assert result.returncode == 0, result.stderr
     report = result.json()
     assert report["ours"] == [] and report["user_runs"] == "1"
@@ -57,16 +58,16 @@ def test_on_in_an_interpreter_without_the_package_is_silent():
 
 @pytest.mark.parametrize("dump_on", ["0", "1"])
 def test_a_shadowed_sitecustomize_still_runs_exactly_once(dump_on):
-    result = run_python(REPORT, shim_env(FIXTURES / "user_site", DUMP_ON=dump_on))
+    result = run_python(REPORT, shim_env(STANDINS / "user_site", DUMP_ON=dump_on))
     assert result.returncode == 0, result.stderr
     report = result.json()
     assert report["user_runs"] == "1"
-    assert report["sitecustomize"] == str(FIXTURES / "user_site" / "sitecustomize.py")
+    assert report["sitecustomize"] == str(STANDINS / "user_site" / "sitecustomize.py")
     assert report["active"] is (dump_on == "1")
 
 
 def test_a_raising_chained_sitecustomize_is_reported_and_activation_stands():
-    result = run_python(REPORT, shim_env(FIXTURES / "raising_site", DUMP_ON="1"))
+    result = run_python(REPORT, shim_env(STANDINS / "raising_site", DUMP_ON="1"))
     assert result.returncode == 0, result.stderr
     assert result.json()["active"] is True
     assert "the user's sitecustomize is broken" in result.stderr
@@ -80,7 +81,7 @@ def test_without_a_shadowed_sitecustomize_ours_stays_registered():
 
 @pytest.mark.parametrize("flag", ["-S", "-I"])
 def test_no_site_and_isolated_interpreters_never_activate(flag):
-    result = run_python(REPORT, shim_env(FIXTURES / "user_site", DUMP_ON="1"), flag)
+    result = run_python(REPORT, shim_env(STANDINS / "user_site", DUMP_ON="1"), flag)
     assert result.returncode == 0, result.stderr
     report = result.json()
     assert report["ours"] == [] and report["user_runs"] is None

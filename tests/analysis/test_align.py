@@ -18,16 +18,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, clean_env
-from dispatch_lines import step_record
+from support import REPO
+from support.dispatch_lines import step_record
+from support.interpreter import clean_env
 
+from cpu_kit import verl_cpu  # the demo's samples: the prompts the training side dumped
 from msprobe_hooks.analysis import logs
 from msprobe_hooks.analysis import pairs as pairs_file
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import prompt_hash
-
-sys.path.insert(0, str(REPO / "examples"))
-import verl_cpu  # noqa: E402  (the demo's samples: the prompts the training side dumped)
 
 SAMPLES = verl_cpu.random_samples(4, seed=0)
 SUFFIX = "-1a2b3c4d"  # vLLM >= 0.14 appends one to every client id

@@ -18,20 +18,9 @@ from pathlib import Path
 import numpy
 import pandas
 import pytest
-from compare_runs import (
-    LAYERS,
-    PERTURBATION,
-    PERTURBED_MODULE,
-    PROMPT_LENS,
-    align,
-    build_models,
-    msprobe_config,
-    run_compare,
-    run_training,
-    run_vllm,
-    write_prompts,
-)
+from support.compare_runs import align, msprobe_config, run_compare, run_training, run_vllm
 
+from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
 from msprobe_hooks.analysis import compare, names, pairs
 from msprobe_hooks.analysis.statistics import fuse
 
@@ -330,7 +319,7 @@ ray.shutdown()
 
 
 def test_ray_runs_the_pairs_on_an_existing_cluster(l0, tmp_path, ray_tmp):
-    from conftest import clean_env
+    from support.interpreter import clean_env
 
     # Ray 2.60 turns token authentication on for a new cluster; a second process would need its token.
     env = clean_env(RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled")

@@ -12,20 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from compare_runs import (
-    LAYERS,
-    PERTURBATION,
-    PERTURBED_MODULE,
-    PROMPT_LENS,
-    align,
-    build_models,
-    msprobe_config,
-    run_compare,
-    run_sglang,
-    run_training,
-    write_prompts,
-)
+from support.compare_runs import align, msprobe_config, run_compare, run_sglang, run_training
 
+from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
 from msprobe_hooks.analysis import compare, names
 
 # As against vLLM: per decoder layer 19 tensors, plus the embedding and the final norm.

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pandas
-from compare_runs import PERTURBED_MODULE, PROMPT_LENS
-from conftest import REPO, clean_env
-from verl_runs import HANG_LIMIT_S
+from support import REPO
+from support.interpreter import clean_env
+from support.verl_runs import HANG_LIMIT_S
+
+from cpu_kit.demo_inputs import PERTURBED_MODULE, PROMPT_LENS
 
 
 def test_demo_names_the_planted_fault(tmp_path: Path) -> None:

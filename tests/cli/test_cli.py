@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, clean_env, shim_env
+from support import STANDINS
+from support.interpreter import clean_env, shim_env
 
 from msprobe_hooks.cli.launch import shim_dir
 
@@ -134,10 +135,10 @@ print(json.dumps({{k: [type(v).__name__, v] for k, v in env_vars.items()}}))
 
 
 def test_doctor_reports_the_winning_sitecustomize_and_what_it_chains():
-    done = cli("doctor", env=shim_env(FIXTURES / "user_site", DUMP_ON="1"))
+    done = cli("doctor", env=shim_env(STANDINS / "user_site", DUMP_ON="1"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert f"winning sitecustomize: ours; it chains: {FIXTURES / 'user_site' / 'sitecustomize.py'}" in out
+    assert f"winning sitecustomize: ours; it chains: {STANDINS / 'user_site' / 'sitecustomize.py'}" in out
     assert "ran in this process: yes" in out
     assert "active in this process: yes" in out
     assert "export TORCHDYNAMO_DISABLE=1" in out
@@ -145,15 +146,15 @@ def test_doctor_reports_the_winning_sitecustomize_and_what_it_chains():
 
 
 def test_doctor_says_when_another_sitecustomize_wins():
-    env = clean_env(PYTHONPATH=f"{FIXTURES / 'user_site'}:{shim_dir()}", DUMP_ON="1")
+    env = clean_env(PYTHONPATH=f"{STANDINS / 'user_site'}:{shim_dir()}", DUMP_ON="1")
     done = cli("doctor", env=env)
-    assert f"! winning sitecustomize is {FIXTURES / 'user_site' / 'sitecustomize.py'}, not ours" in done.stdout
+    assert f"! winning sitecustomize is {STANDINS / 'user_site' / 'sitecustomize.py'}, not ours" in done.stdout
     assert "active in this process: no" in done.stdout
 
 
 def test_doctor_lists_every_patch_with_its_eligibility():
     env = shim_env(
-        FIXTURES / "fake_site",
+        STANDINS / "fake_site",
         DUMP_ON="1",
         MSPROBE_HOOKS_EXTRA_PATCHES="fake_patches:GOOD,fake_patches:TOO_NEW,fake_patches:DRIFTED",
     )

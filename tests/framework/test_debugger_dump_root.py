@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import clean_env, run_python
+from support.interpreter import clean_env, run_python
 
 CHILD = """
 import json, os, torch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+from support import REPO
 
 
 def test_generated_docs_are_current():

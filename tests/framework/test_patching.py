@@ -7,9 +7,10 @@ patches are registered through MSPROBE_HOOKS_EXTRA_PATCHES, as a site-specific p
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, run_python, shim_env
+from support import STANDINS
+from support.interpreter import run_python, shim_env
 
-SITE = FIXTURES / "fake_site"
+SITE = STANDINS / "fake_site"
 
 STATE = """
 import json, sys

@@ -10,7 +10,7 @@ import importlib.util
 import json
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 from msprobe_hooks.contracts import Attribute, Function, Method
 from msprobe_hooks.registry import Patch, builtin_patches

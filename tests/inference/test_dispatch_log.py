@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dispatch_lines import step_record
+from support.dispatch_lines import step_record
 
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import (

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SPAWN_CHECKS_WITHOUT_RAY, clean_env, doctor_patches, run_python, spawn_checks
-from real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
-from sglang_support import dispatch_log, dumped_modules, step_folders
+from support.doctor_output import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
+from support.interpreter import clean_env, run_python
+from support.real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, sglang_bin, tokenizer_dir
+from support.sglang_standin import dispatch_log, dumped_modules, step_folders
 
+from cpu_kit import verl_cpu
 from msprobe_hooks.join_keys import prompt_hash
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import verl_cpu  # noqa: E402
 
 PROMPTS = {"req-a": [5, 6, 7, 8], "req-b": [9, 10, 11], "req-c": [5, 6, 7, 20, 21]}
 MAX_NEW_TOKENS = {"req-a": 3, "req-b": 3, "req-c": 2}

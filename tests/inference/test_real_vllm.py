@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
-from real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
-from vllm_standin import dispatch_log, dumped_steps
+from support.doctor_output import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
+from support.real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
+from support.vllm_standin import dispatch_log, dumped_steps
 
+from cpu_kit import verl_cpu
 from msprobe_hooks.join_keys import prompt_hash
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import verl_cpu  # noqa: E402
 
 PROMPTS = {
     "solo": [3, 4, 5, 6, 7, 8],

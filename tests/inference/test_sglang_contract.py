@@ -8,7 +8,7 @@ look like those releases where the patches look.
 from __future__ import annotations
 
 import pytest
-from sglang_support import FAMILIES, standin_facts
+from support.sglang_standin import FAMILIES, standin_facts
 
 from msprobe_hooks import contracts
 from msprobe_hooks.contracts import Attribute

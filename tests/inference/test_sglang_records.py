@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from dispatch_lines import step_record
+from support.dispatch_lines import step_record
 
 from msprobe_hooks import join_keys, patching
 from msprobe_hooks.patches.sglang import forward_batch as sglang_forward_batch

@@ -10,8 +10,8 @@ batches, injected faults.
 from __future__ import annotations
 
 import pytest
-from conftest import run_python
-from sglang_support import (
+from support.interpreter import run_python
+from support.sglang_standin import (
     WAVES,
     dispatch_log,
     dumped_modules,

@@ -9,7 +9,7 @@ vLLM-Ascend's own patch of GPUModelRunner._update_states (as 0.13 does) after ms
 from __future__ import annotations
 
 import pytest
-from vllm_standin import (
+from support.vllm_standin import (
     MIXED,
     MIXED_ROWS,
     dispatch_log,

@@ -8,7 +8,7 @@ Facts are read from the stand-in sources with ast, as from a release file, nothi
 from __future__ import annotations
 
 import pytest
-from vllm_standin import STANDINS
+from support.vllm_standin import SITE
 
 from msprobe_hooks import contracts
 from msprobe_hooks.patches.vllm import VLLM_ASCEND_MODEL_RUNNER, VLLM_MODEL_RUNNER, VLLM_MODEL_RUNNER_V2
@@ -25,7 +25,7 @@ CASES = [
 
 def standin_facts(module: str) -> contracts.Facts | None:
     for rel in contracts.module_relpaths(module):
-        path = STANDINS / rel
+        path = SITE / rel
         if path.is_file():
             return contracts.source_facts(str(path))
     return None

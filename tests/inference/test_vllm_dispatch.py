@@ -14,7 +14,7 @@ import json
 import re
 
 import pytest
-from vllm_standin import (
+from support.vllm_standin import (
     MIXED,
     MIXED_PHASES,
     MIXED_PREFILL_REQUESTS,

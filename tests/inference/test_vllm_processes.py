@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_standin import MIXED, MIXED_ROWS, dispatch_log, dumped_steps, generate_config, row_tuples, run_scenario
+from support.vllm_standin import (
+    MIXED,
+    MIXED_ROWS,
+    dispatch_log,
+    dumped_steps,
+    generate_config,
+    row_tuples,
+    run_scenario,
+)
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])

@@ -9,8 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO, clean_env
 from omegaconf import OmegaConf
+from support import REPO
+from support.interpreter import clean_env
 
 from msprobe_hooks import cli, preflight
 from msprobe_hooks.preflight import recipe, verl_config

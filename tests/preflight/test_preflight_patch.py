@@ -16,7 +16,7 @@ import types
 from importlib import metadata
 
 import pytest
-from conftest import run_python, shim_env
+from support.interpreter import run_python, shim_env
 
 from msprobe_hooks import bootstrap, patching, preflight
 from msprobe_hooks import config as config_module

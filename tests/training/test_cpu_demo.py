@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, clean_env
+from support import REPO
+from support.interpreter import clean_env
 
 
 def test_demo_writes_one_prompt_dump_per_sample(tmp_path: Path) -> None:

@@ -13,11 +13,11 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from support import STANDINS
 
 from msprobe_hooks.join_keys import strip_vllm_suffix
 
-sys.path.insert(0, str(FIXTURES / "verl_standins"))
+sys.path.insert(0, str(STANDINS / "verl_standins"))
 
 from verl import DataProto  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E402

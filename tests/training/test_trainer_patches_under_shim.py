@@ -15,9 +15,10 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-from conftest import FIXTURES, run_python, shim_env
+from support import STANDINS
+from support.interpreter import run_python, shim_env
 
-STANDINS = FIXTURES / "verl_standins"
+VERL_STANDINS = STANDINS / "verl_standins"
 
 _COMMON = """
     import asyncio, json, os, sys
@@ -144,7 +145,7 @@ REQUEST_ID_PATCHES = ("verl.request_id_llm_server", "verl.request_id_agent_loop"
 
 def _run(code: str) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory(prefix="mh-") as tmp:  # short: Ray's socket paths have a length limit
-        env = shim_env(STANDINS, DUMP_ON="1", PROMPTS_ONLY="trim", MH_TMP=tmp)
+        env = shim_env(VERL_STANDINS, DUMP_ON="1", PROMPTS_ONLY="trim", MH_TMP=tmp)
         result = run_python(code, env, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.json(), result.stderr

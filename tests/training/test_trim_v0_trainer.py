@@ -10,13 +10,13 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES
-from test_prompts_only import PROMPTS, RESPONSE_WIDTH, RESPONSES, _v0_batch
+from support import STANDINS
+from support.verl_batches import PROMPTS, RESPONSE_WIDTH, RESPONSES, v0_batch
 
 from msprobe_hooks.patching import TargetChanged, is_ours, wrap_method
 from msprobe_hooks.training import prompts_only
 
-sys.path.insert(0, str(FIXTURES / "verl_standins"))
+sys.path.insert(0, str(STANDINS / "verl_standins"))
 
 from verl.trainer.ppo import rollout_corr_helper  # noqa: E402
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer  # noqa: E402
@@ -35,7 +35,7 @@ def _trainer(**overrides: object) -> RayPPOTrainer:
 
 def _step(trainer: RayPPOTrainer) -> tuple:
     """What fit() does from old_log_prob up to the rollout correction, on a fresh batch."""
-    batch, _ = _v0_batch(mrope=False)
+    batch, _ = v0_batch(mrope=False)
     old_log_prob, _ = trainer._compute_old_log_prob(batch)
     old_log_prob.batch.pop("entropys")
     batch = batch.union(old_log_prob)
@@ -84,7 +84,7 @@ def test_without_trim_the_batch_and_the_metrics_are_verls_own(raw):
 def test_bypass_mode_has_no_old_log_prob_forward_and_is_not_trimmed():
     with activated(PROMPTS_ONLY="trim"):
         trainer = _trainer(**{"algorithm.rollout_correction.bypass_mode": True})
-        batch, _ = _v0_batch(mrope=False)
+        batch, _ = v0_batch(mrope=False)
         trainer._compute_old_log_prob(batch)
         assert not prompts_only.batch_trimmed()
     assert batch.batch["responses"].shape == (2, RESPONSE_WIDTH)
@@ -97,7 +97,7 @@ def test_a_trim_that_fails_leaves_the_batch_whole_and_training_on(monkeypatch):
     monkeypatch.setattr(prompts_only, "trim_padded", unexpected_layout)
     with activated(PROMPTS_ONLY="trim"):
         trainer = _trainer()
-        batch, _ = _v0_batch(mrope=False)
+        batch, _ = v0_batch(mrope=False)
         old_log_prob, _ = trainer._compute_old_log_prob(batch)
         assert not prompts_only.batch_trimmed()
     assert trainer.actor_rollout_wg.seen[0]["input_ids"] == [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]

@@ -7,16 +7,13 @@ the child exceed ``verl_runs.HANG_LIMIT_S`` and the test fail.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from verl_runs import run_engine
+from support.verl_runs import run_engine
 
+from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import verl_cpu  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,15 @@ read from disk.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_python, shim_env
-from verl_runs import OPS, EngineRun, run_engine, write_config
+from support import REPO
+from support.interpreter import run_python, shim_env
+from support.verl_runs import OPS, EngineRun, run_engine, write_config
 
+from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import verl_cpu  # noqa: E402
 
 SPEC = {"ops": OPS, "count": 4, "seed": 0, "micro_batch_size": 2}
 SAMPLES = verl_cpu.random_samples(4, 0)
@@ -231,8 +229,8 @@ import json, sys
 from contextlib import nullcontext
 from types import SimpleNamespace
 
-sys.path.insert(0, {examples!r})
-import verl_cpu
+sys.path.insert(0, {repo!r})  # cpu_kit
+from cpu_kit import verl_cpu
 
 verl_cpu.register_cpu_platform()
 import torch
@@ -283,7 +281,7 @@ print(json.dumps(results))
 
 
 def test_forward_backward_batch_with_a_stand_in_self_runs_unchanged(tmp_path: Path) -> None:
-    code = STAND_IN_SELF.format(examples=str(Path(__file__).resolve().parents[2] / "examples"))
+    code = STAND_IN_SELF.format(repo=str(REPO))
     variables = {"MSPROBE_HOOKS_OUTPUT_DIR": str(tmp_path / "dumps"), "DUMP_PHASE": "all"}
     dumped = run_python(code, shim_env(DUMP_ON="1", **variables), cwd=tmp_path)
     plain = run_python(code, shim_env(**variables), cwd=tmp_path)

@@ -1,7 +1,7 @@
 """The Megatron engine patch, driven through a stand-in of verl's Megatron engine module.
 
 The stand-in (``tests/standins/megatron_transformer_impl.py``) is first checked against the
-patch's contract; then ``tests/megatron_standin_child.py``, a fresh interpreter with the shim
+patch's contract; then ``tests/support/megatron_standin_child.py``, a fresh interpreter with the shim
 active, imports it under the real module name, so activation, version gate, contract check and
 patch run as they would on the real module, and real msprobe dumps its small torch chunks.
 """
@@ -12,15 +12,14 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from verl_runs import EngineRun, run_engine
+from support import REPO
+from support.megatron_standin import STANDIN, TARGET
+from support.verl_runs import EngineRun, run_engine
 
 from msprobe_hooks import contracts
 from msprobe_hooks.patches import PATCHES
 
-STANDIN = REPO / "tests" / "standins" / "megatron_transformer_impl.py"
-CHILD = REPO / "tests" / "megatron_standin_child.py"
-TARGET = "verl.workers.engine.megatron.transformer_impl"
+CHILD = REPO / "tests" / "support" / "megatron_standin_child.py"
 INSTALLED_VERL = "0.9.1"
 FIRST_INPUT = "Functional.embedding.0.forward"  # the chunk's first op: its input is the token ids
 

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, shim_env
+from support import REPO
+from support.interpreter import shim_env
 
 VERL_TESTS = REPO / "build" / "verl-tests"
 FILES = [

@@ -7,18 +7,15 @@ TensorDict layouts in this process (v1: jagged rows; v0: a padded batch through 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
-from conftest import REPO, run_python, shim_env
+from support import REPO
+from support.interpreter import run_python, shim_env
 
+from cpu_kit import verl_cpu
 from msprobe_hooks import contracts, join_keys
 from msprobe_hooks.patches import PATCHES
 from msprobe_hooks.training import actor_dump
-
-sys.path.insert(0, str(REPO / "examples"))
-import verl_cpu  # noqa: E402
 
 verl_cpu.register_cpu_platform()
 
@@ -43,8 +40,8 @@ def test_contract_holds_for_the_installed_verl(patch) -> None:
 
 GUARD = """
 import json, sys
-sys.path.insert(0, {examples!r})
-import verl_cpu
+sys.path.insert(0, {repo!r})  # cpu_kit
+from cpu_kit import verl_cpu
 verl_cpu.register_cpu_platform()
 from verl.utils.profiler.config import PrecisionDebuggerToolConfig, ProfilerConfig
 from verl.utils.profiler.profile import DistProfiler
@@ -74,7 +71,7 @@ print(json.dumps(report))
 
 
 def test_verl_precision_debugger_profiler_is_refused_at_worker_start_and_patches_revert() -> None:
-    result = run_python(GUARD.format(examples=str(REPO / "examples")), shim_env(DUMP_ON="1"))
+    result = run_python(GUARD.format(repo=str(REPO)), shim_env(DUMP_ON="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.json()
     assert report["enabled"].startswith("refused: DUMP_ON=1 and verl's global_profiler.tool=precision_debugger")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import Result, run_python, shim_env
+from support import STANDINS
+from support.interpreter import Result, run_python, shim_env
 
-STANDINS = Path(__file__).resolve().parent / "standins" / "vllm_site"
+SITE = STANDINS / "vllm_site"
 
 PROMPTS = {
     "A": [1, 2, 3, 4, 5, 6],
@@ -67,7 +68,7 @@ def dumped_steps(root: Path, pid: int) -> list[str]:
 
 
 def standin_site(root: Path, vllm: str = "0.23.0", vllm_ascend: str | None = None) -> Path:
-    """A folder of dist-infos that give the stand-ins their versions (the packages stay in STANDINS)."""
+    """A folder of dist-infos that give the stand-ins their versions (the packages stay in SITE)."""
     site = root / f"site-{vllm}-{vllm_ascend}"
     for name, dist, version in (("vllm", "vllm", vllm), ("vllm_ascend", "vllm-ascend", vllm_ascend)):
         if version:
@@ -83,7 +84,7 @@ def run_child(root: Path, program: str, *, vllm: str = "0.23.0", vllm_ascend: st
     env.setdefault("DUMP_ON", "1")
     env.setdefault("MSPROBE_HOOKS_OUTPUT_DIR", str(root / "out"))
     env.setdefault("TORCHDYNAMO_DISABLE", "1")
-    return run_python(program, shim_env(site, STANDINS, **env), cwd=root)
+    return run_python(program, shim_env(site, SITE, **env), cwd=root)
 
 
 def run_scenario(root: Path, scenario: dict, *, code: str = "", **kwargs: str) -> Result:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import shim_env
+from support.interpreter import shim_env
 
 CHILD = Path(__file__).resolve().parent / "verl_engine_child.py"
 # A hung collective fails the test through this limit; it is not a timing assertion.

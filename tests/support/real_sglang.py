@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO, shim_env
+from support import REPO, STANDINS
+from support.interpreter import shim_env
 
 SGLANG_VENV = REPO / ".venv-sglang"
-TESTS = Path(__file__).resolve().parent
-CHILD = TESTS / "real_sglang_child.py"
-KERNEL_STUB = TESTS / "sgl_kernel_stub"
+CHILD = Path(__file__).resolve().parent / "real_sglang_child.py"
+KERNEL_STUB = STANDINS / "sgl_kernel_stub"
 # Engine start ~14 s on 2 cores, shutdown a few; a run is a few steps more.
 TIMEOUT = 600
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from engine_serve import serve  # noqa: E402  (this folder is the script's)
+from engine_serve import serve  # this folder is the script's (it runs as a file)
 
 ENGINE_DEFAULTS = {
     "enforce_eager": True,

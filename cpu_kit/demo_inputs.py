@@ -1,12 +1,12 @@
 """The inputs of the whole-loop demo: one tiny Qwen2, a copy of it with one planted fault, and prompts.
 
-    python examples/demo_inputs.py FOLDER
+    python -m cpu_kit.demo_inputs FOLDER      (from the repository root)
 
 writes ``FOLDER/model`` (a random 4-layer Qwen2, head_dim 32 as vLLM's CPU attention needs),
 ``FOLDER/perturbed`` (the same weights with ``PERTURBED_MODULE`` scaled by ``PERTURBATION``: the
 kind of fault a broken weight sync or checkpoint conversion plants in the rollout engine) and
 ``FOLDER/prompts.jsonl`` (``{"request_id", "prompt_token_ids"}`` per line, the file both
-``cpu_demo.py --prompts`` and ``vllm_generate.py`` read).
+``examples/cpu_demo.py --prompts`` and ``examples/vllm_generate.py`` read, with :func:`read_prompts`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ import random
 import shutil
 import sys
 from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import verl_cpu  # noqa: E402
 
 LAYERS = 4
 HIDDEN = 128
@@ -34,6 +30,8 @@ def build_models(folder: Path) -> tuple[Path, Path]:
     """``folder/model`` and ``folder/perturbed``."""
     from safetensors.torch import load_file, save_file
 
+    from cpu_kit import verl_cpu  # here: vllm_generate.py reads prompts with this module, in vLLM's venv
+
     model = Path(verl_cpu.build_model_dir(os.fspath(folder / "model"), layers=LAYERS, hidden=HIDDEN))
     perturbed = folder / "perturbed"
     shutil.copytree(model, perturbed, dirs_exist_ok=True)
@@ -41,6 +39,12 @@ def build_models(folder: Path) -> tuple[Path, Path]:
     weights[f"model.{PERTURBED_MODULE}.weight"] = weights[f"model.{PERTURBED_MODULE}.weight"] * PERTURBATION
     save_file(weights, os.fspath(perturbed / "model.safetensors"), metadata={"format": "pt"})
     return model, perturbed
+
+
+def read_prompts(path: str) -> list[dict]:
+    """The prompts file: one ``{"request_id", "prompt_token_ids"}`` object a line."""
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def write_prompts(path: Path) -> Path:

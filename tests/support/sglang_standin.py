@@ -7,11 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from conftest import Result, run_python, shim_env
-
 from msprobe_hooks import contracts
+from support import STANDINS
+from support.interpreter import Result, run_python, shim_env
 
-STANDINS = Path(__file__).resolve().parent / "standins"
 FAMILIES = {
     "0.5.2": STANDINS / "sglang_0_5_2",
     "0.5.10": STANDINS / "sglang_0_5_10",

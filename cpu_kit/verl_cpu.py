@@ -1,6 +1,6 @@
 """verl's real FSDP2 training engine on CPU: a tiny random Qwen2, gloo, fp32, eager attention.
 
-Used by the tests, the benchmark and the README demo (``examples/cpu_demo.py``). Nothing here is
+Used by the tests, the benchmarks and the README demo (``examples/cpu_demo.py``). Nothing here is
 mocked: the engine classes, their micro-batch loop, input packing, loss and optimiser are verl's
 own (0.9.1). What a CPU needs and verl does not provide:
 

@@ -1,9 +1,9 @@
 """Drives the Megatron engine stand-in under the shim and writes what it saw, one JSON file per rank.
 
-Run by ``tests/test_verl_megatron_standin.py`` as ``python tests/megatron_standin_child.py '<json spec>'``
-(world size 1) or under ``torchrun`` (world size 2). A finder serves the stand-in file for the
-real module name, ahead of site-packages, so activation, version gate, contract check and patch
-run as they would on verl's module. The spec:
+Run by ``tests/training/test_verl_megatron_standin.py`` as
+``python tests/support/megatron_standin_child.py '<json spec>'`` (world size 1) or under ``torchrun``
+(world size 2), with the stand-in served for verl's module name (:mod:`support.megatron_standin`).
+The spec:
 
 * ``samples``: ``count``/``seed``/``prompt_lens``/``response_lens`` of the global sample set (split over ranks);
 * ``keep``: ``{rank: n}``, that rank keeps only its first n samples;
@@ -23,33 +23,22 @@ and ``outputs`` (per scenario, each micro-batch's real model output, as lists).
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import importlib.util
 import json
 import sys
 import types
 from pathlib import Path
 
 SPEC = json.loads(sys.argv[1])
-TESTS = Path(__file__).resolve().parent
-STANDIN = TESTS / "standins" / "megatron_transformer_impl.py"
-TARGET = "verl.workers.engine.megatron.transformer_impl"
-sys.path.insert(0, str(TESTS.parent / "examples"))
+# Run as a file: the repository root (cpu_kit) and tests/ (support) go on sys.path.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 import torch  # noqa: E402
-import verl_cpu  # noqa: E402
 
+from cpu_kit import verl_cpu  # noqa: E402
 from msprobe_hooks import patching  # noqa: E402
 from msprobe_hooks.training.actor_dump import DumpRefused  # noqa: E402
-
-
-class StandinFinder:
-    """Serves the stand-in file for the real module name, ahead of site-packages."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == TARGET:
-            return importlib.util.spec_from_file_location(fullname, STANDIN)
-        return None
+from support.megatron_standin import TARGET  # noqa: E402
+from support.megatron_standin import install as install_standin  # noqa: E402
 
 
 def loss_function(**kwargs):
@@ -58,7 +47,7 @@ def loss_function(**kwargs):
 
 def main() -> None:
     rank, world_size = verl_cpu.init_process()
-    sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), StandinFinder())
+    install_standin()
     standin = importlib.import_module(TARGET)  # through the activation's import hooks, as in a job
 
     rows = SPEC.get("samples", {})

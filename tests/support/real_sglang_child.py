@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from engine_serve import serve  # noqa: E402  (this folder is the script's)
+from engine_serve import serve  # this folder is the script's (it runs as a file)
 
 # What SGLang needs on a CPU box (docs/inference-sglang.md): no CUDA graph, a capped KV cache.
 ENGINE_DEFAULTS = {

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO, shim_env
+from support import REPO
+from support.interpreter import shim_env
 
 VLLM_VENV = REPO / ".venv-vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"

@@ -19,16 +19,15 @@ import tempfile
 from pathlib import Path
 
 import pandas
-from conftest import REPO, shim_env
-from real_sglang import run_engine, tokenizer_dir
-from real_vllm import VLLM_PYTHON, engine_env
-from verl_runs import HANG_LIMIT_S
+
+from cpu_kit.demo_inputs import read_prompts
+from support import REPO
+from support.interpreter import shim_env
+from support.real_sglang import run_engine, tokenizer_dir
+from support.real_vllm import VLLM_PYTHON, engine_env
+from support.verl_runs import HANG_LIMIT_S
 
 EXAMPLES = REPO / "examples"
-sys.path.insert(0, os.fspath(EXAMPLES))
-
-from demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts  # noqa: E402, F401
-from vllm_generate import read_prompts  # noqa: E402
 
 # Tokens generated per prompt on the inference side (a prefill, then decodes align leaves out).
 MAX_NEW_TOKENS = 2

@@ -34,9 +34,10 @@ if SPEC.get("fail_msprobe_start"):
 
     PrecisionDebugger.start = _failing_start
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-import verl_cpu  # noqa: E402
+# Run as a file: the repository root (cpu_kit) goes on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from cpu_kit import verl_cpu  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python benchmarks/bench_compare.py [PAIRS_FILE]
 
 Without a pairs file, real pairs are made first (verl's FSDP2 engine and vLLM's CPU engine, four
-prompts, as tests/test_compare.py makes them; about a minute). Timed, wall clock, each a fresh
+prompts, as tests/analysis/test_compare.py makes them; about a minute). Timed, wall clock, each a fresh
 process as a user runs it: our CLI over all pairs (one process, ``--jobs 1`` so the ratio is not
 a core count) divided by the number of pairs, and msprobe's CLI once per pair (it takes one pair
 per call); our CLI again over the pairs repeated ten times (start-up shared, as in a real job).

@@ -1,7 +1,7 @@
 """Cost of the dispatch log on the real SGLang engine (sglang 0.5.21 on CPU in ``.venv-sglang``): generation wall time.
 
 Engines with the same model, the shim and the test ``sgl_kernel`` stub on PYTHONPATH
-(``tests/real_sglang.py``), PAIRS of each kind: with ``DUMP_ON=1`` and no msprobe config (the
+(``tests/support/real_sglang.py``), PAIRS of each kind: with ``DUMP_ON=1`` and no msprobe config (the
 dispatch log alone, as in every rollout of a dumping job), and with ``DUMP_ON`` unset. All stay
 up; each round runs one generation in every engine, in rotating order, so that load from elsewhere
 on the machine falls on all alike. A generation is REQUESTS greedy requests in one ``generate``

@@ -159,7 +159,7 @@ def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64)
 
     The folder loads in verl's FSDP2 engine here and in the real vLLM and SGLang engines
     (``.venv-vllm``, ``.venv-sglang``; SGLang takes the tokenizer files from a folder of their own,
-    see ``tests/real_sglang.py``), so training and inference dumps of one model can be compared.
+    see ``tests/support/real_sglang.py``), so training and inference dumps of one model can be compared.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM

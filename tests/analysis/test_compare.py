@@ -1,6 +1,6 @@
 """``msprobe-hooks compare`` on real dump pairs: verl's FSDP2 engine against vLLM's CPU engine.
 
-The dumps come from the real engines (``tests/compare_runs.py``), each run once per module:
+The dumps come from the real engines (``tests/support/compare_runs.py``), each run once per module:
 level L0 statistics on the same weights and on a copy with ``layers.1.mlp.down_proj`` x1.05 on
 the inference side, level mix statistics, level L0 tensor. Each test compares through the CLI,
 as a user does, and reads the report it wrote.

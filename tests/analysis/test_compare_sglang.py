@@ -1,9 +1,9 @@
 """``msprobe-hooks align`` + ``compare`` on real pairs: verl's FSDP2 engine against SGLang 0.5.21 on CPU.
 
-One training run (``tests/compare_runs.py``: level L0 statistics, one prompt-only dump per prompt)
+One training run (``tests/support/compare_runs.py``: level L0 statistics, one prompt-only dump per prompt)
 and two SGLang runs on the same prompts, one prompt per ``generate`` call, dumped by SGLang's own
 switch (``msprobe_dump_config``) under ``DUMP_ON=1``: on the same weights, and on the copy with
-``layers.1.mlp.down_proj`` x1.05. The vLLM counterpart is ``tests/test_compare.py``.
+``layers.1.mlp.down_proj`` x1.05. The vLLM counterpart is ``tests/analysis/test_compare.py``.
 """
 
 from __future__ import annotations

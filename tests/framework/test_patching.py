@@ -1,6 +1,6 @@
 """Lazy, guarded, idempotent, revertible patches, driven through the real shim in fresh interpreters.
 
-The target is ``tests/fixtures/fake_site/fake_target`` (distribution ``fake-target`` 1.2.0); the test
+The target is ``tests/standins/fake_site/fake_target`` (distribution ``fake-target`` 1.2.0); the test
 patches are registered through MSPROBE_HOOKS_EXTRA_PATCHES, as a site-specific patch would be.
 """
 

@@ -3,7 +3,7 @@
 All sides run as a user runs them: ``examples/cpu_demo.py --model --prompts`` with the shim and
 ``DUMP_ON=1 PROMPTS_ONLY=1``; ``examples/vllm_generate.py`` in the vLLM environment
 (``<repo>/.venv-vllm``) with ``MSPROBE_GENERATE_CONFIG``; ``sglang.Engine`` in the SGLang
-environment (``<repo>/.venv-sglang``, ``tests/real_sglang.py``) with SGLang's own
+environment (``<repo>/.venv-sglang``, ``tests/support/real_sglang.py``) with SGLang's own
 ``msprobe_dump_config`` and ``DUMP_ON=1``. Same weights (or a copy with one known module changed),
 same prompts, same request ids, one request per prefill step.
 """

@@ -5,7 +5,7 @@ install-sglang``, from ``requirements-sglang.txt``). Tests here build the model 
 (``examples/verl_cpu.build_model_dir``, the model verl's FSDP2 engine trains in the other tests),
 copy its tokenizer files into a folder without ``config.json`` (with ``model_type=qwen2`` beside
 them transformers 5 turns the WordLevel vocab into a BPE with no merges), and run
-``tests/real_sglang_child.py``, plain SGLang user code, with ``.venv-sglang/bin/python``, the shim
+``tests/support/real_sglang_child.py``, plain SGLang user code, with ``.venv-sglang/bin/python``, the shim
 and the test-only ``sgl_kernel`` stub on PYTHONPATH: the hooks come from the environment, as
 under ``msprobe-hooks run``.
 """

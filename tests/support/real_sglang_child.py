@@ -1,4 +1,4 @@
-"""Drive the real SGLang engine (``.venv-sglang``) through one scenario; run by ``tests/real_sglang.py``.
+"""Drive the real SGLang engine (``.venv-sglang``) through one scenario; run by ``tests/support/real_sglang.py``.
 
 Plain SGLang user code, no msprobe-hooks in it: the hooks come from the shim, switched on (or not)
 by the environment, exactly as under ``msprobe-hooks run``. Usage::

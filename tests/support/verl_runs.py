@@ -1,4 +1,4 @@
-"""Running ``tests/verl_engine_child.py`` (verl's real FSDP2 engine on CPU) and reading what it left.
+"""Running ``tests/support/verl_engine_child.py`` (verl's real FSDP2 engine on CPU) and reading what it left.
 
 Shared by the engine tests (and by the Megatron stand-in's, with its own child); one child
 process per configuration, at world size 1 or under torchrun at world size 2, with the shim on

@@ -4,7 +4,7 @@ PyPI's ``sglang-kernel`` is CUDA-only. Without AMX SGLang runs native torch laye
 its CPU kernels, but some of its modules import these names at import time. Each resolves to a
 function that raises if it is ever called, so a run that reaches a kernel fails loudly rather than
 computing something else. There are no submodules on purpose: SGLang falls back when importing one
-raises ImportError (``get_scalar_types``). Put on PYTHONPATH by ``tests/real_sglang.py`` only.
+raises ImportError (``get_scalar_types``). Put on PYTHONPATH by ``tests/support/real_sglang.py`` only.
 """
 
 from __future__ import annotations

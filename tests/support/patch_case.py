@@ -45,7 +45,6 @@ IMPORT_PATCH_PATCH = ("import", "patch", "patch")
 PATCH_PATCH_IMPORT = ("patch", "patch", "import")
 IMPORT_PATCH_UNPATCH_IMPORT_PATCH = ("import", "patch", "unpatch", "import", "patch")
 PATCH_UNPATCH_IMPORT = ("patch", "unpatch", "import")
-ORDERINGS = (IMPORT_PATCH_PATCH, PATCH_PATCH_IMPORT, IMPORT_PATCH_UNPATCH_IMPORT_PATCH, PATCH_UNPATCH_IMPORT)
 
 # Patches that apply and have nothing to wrap at some supported versions: patch name -> (versions, why).
 WRAPS_NOTHING = {
@@ -134,9 +133,10 @@ class Case:
         return not contracts.version_supported(self.version, self.patch.versions)
 
     @property
-    def wraps_nothing(self) -> bool:
+    def wraps_nothing(self) -> str | None:
+        """Why the patch, applied at this version, has nothing to wrap (None: it must wrap something)."""
         gate = WRAPS_NOTHING.get(self.patch.name)
-        return gate is not None and contracts.version_supported(self.version, gate[0])
+        return gate[1] if gate and contracts.version_supported(self.version, gate[0]) else None
 
 
 def cases(patches: Sequence[Patch], sites: Sequence[Site] = SITES) -> list[Case]:
@@ -202,7 +202,7 @@ class PatchTestCase:
             return
         assert seen["state"] == APPLIED, seen
         if case.wraps_nothing:
-            assert seen["wrapped"] == [], seen
+            assert seen["wrapped"] == [], f"{case}: {case.wraps_nothing}, yet it wrapped {seen['wrapped']}"
         else:
             assert seen["wrapped"], f"{case}: applied, yet nothing in {case.patch.target} holds its wrapper"
         assert seen["double"] == [], seen

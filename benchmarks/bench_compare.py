@@ -3,7 +3,7 @@
     python benchmarks/bench_compare.py [PAIRS_FILE]
 
 Without a pairs file, real pairs are made first (verl's FSDP2 engine and vLLM's CPU engine, four
-prompts, as tests/test_compare.py makes them; about a minute). Timed, wall clock, each a fresh
+prompts, as tests/analysis/test_compare.py makes them; about a minute). Timed, wall clock, each a fresh
 process as a user runs it: our CLI over all pairs (one process, ``--jobs 1`` so the ratio is not
 a core count) divided by the number of pairs, and msprobe's CLI once per pair (it takes one pair
 per call); our CLI again over the pairs repeated ten times (start-up shared, as in a real job).
@@ -33,11 +33,13 @@ _LAYER = re.compile(r"layers\.(\d+)")
 
 
 def _make_pairs(folder: Path) -> Path:
-    sys.path[:0] = [str(REPO / "tests")]
-    import compare_runs
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]  # cpu_kit, support
+    from support import compare_runs
 
-    model, _ = compare_runs.build_models(folder)
-    prompts = compare_runs.write_prompts(folder / "prompts.jsonl")
+    from cpu_kit.demo_inputs import build_models, write_prompts
+
+    model, _ = build_models(folder)
+    prompts = write_prompts(folder / "prompts.jsonl")
     config = compare_runs.msprobe_config(folder / "config.json")
     train = compare_runs.run_training(folder / "train", model, prompts, config)
     generate = compare_runs.run_vllm(folder / "generate", model, prompts, config)

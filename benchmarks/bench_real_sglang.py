@@ -1,7 +1,7 @@
 """Cost of the dispatch log on the real SGLang engine (sglang 0.5.21 on CPU in ``.venv-sglang``): generation wall time.
 
 Engines with the same model, the shim and the test ``sgl_kernel`` stub on PYTHONPATH
-(``tests/real_sglang.py``), PAIRS of each kind: with ``DUMP_ON=1`` and no msprobe config (the
+(``tests/support/real_sglang.py``), PAIRS of each kind: with ``DUMP_ON=1`` and no msprobe config (the
 dispatch log alone, as in every rollout of a dumping job), and with ``DUMP_ON`` unset. All stay
 up; each round runs one generation in every engine, in rotating order, so that load from elsewhere
 on the machine falls on all alike. A generation is REQUESTS greedy requests in one ``generate``
@@ -22,7 +22,7 @@ from pathlib import Path
 from engine_rounds import close, report, run_rounds
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "examples"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # cpu_kit, support
 
 REQUESTS = 16
 PROMPT_LEN = 16
@@ -33,7 +33,7 @@ PAIRS = 2
 
 
 def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Popen:
-    from real_sglang import CHILD, SGLANG_VENV, engine_env
+    from support.real_sglang import CHILD, SGLANG_VENV, engine_env
 
     environ = engine_env(MSPROBE_HOOKS_OUTPUT_DIR=str(work / name), **env)
     command = [str(SGLANG_VENV / "bin" / "python"), str(CHILD), str(scenario), "-"]
@@ -42,8 +42,9 @@ def _start(work: Path, name: str, scenario: Path, **env: str) -> subprocess.Pope
 
 
 def main() -> int:
-    import verl_cpu
-    from real_sglang import SGLANG_VENV, tokenizer_dir
+    from support.real_sglang import SGLANG_VENV, tokenizer_dir
+
+    from cpu_kit import verl_cpu
 
     if not (SGLANG_VENV / "bin" / "python").exists():
         print("skipped: .venv-sglang is missing (make install-sglang)")

@@ -31,9 +31,9 @@ from engine_rounds import close, report, run_rounds
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-CHILD = REPO / "tests" / "real_vllm_child.py"
+CHILD = REPO / "tests" / "support" / "real_vllm_child.py"
 CPU_CHILD = REPO / "benchmarks" / "real_vllm_cpu_child.py"
-sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO))  # cpu_kit
 
 REQUESTS = 32
 PROMPT_LEN = 16
@@ -75,7 +75,7 @@ def _cpu_per_step(work: Path, scenario: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    import verl_cpu
+    from cpu_kit import verl_cpu
 
     if not VLLM_PYTHON.exists():
         print("skipped: .venv-vllm is missing (make install-vllm)")

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "verl_standins"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "standins" / "verl_standins"))
 
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl_standins import Handle, LoadBalancer, RolloutServer, activated, job_config  # noqa: E402

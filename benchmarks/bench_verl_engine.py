@@ -29,7 +29,7 @@ import timeit
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root: cpu_kit
 
 
 def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict[str, list[float]]]:
@@ -44,7 +44,7 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     bootstrap.activate(
         {"DUMP_ON": "1", "DUMP_PHASE": "all", "MSPROBE_HOOKS_OUTPUT_DIR": out_dir, "MSPROBE_HOOKS_LOG_LEVEL": "ERROR"}
     )
-    import verl_cpu
+    from cpu_kit import verl_cpu
 
     verl_cpu.init_process()
     engine = verl_cpu.make_engine(model_dir)
@@ -204,7 +204,7 @@ def main() -> int:
         print(json.dumps(_engine_timings(args.child[0], args.passes, args.child[1])))
         return 0
 
-    import verl_cpu
+    from cpu_kit import verl_cpu
 
     with tempfile.TemporaryDirectory(prefix="bench-verl-engine-") as tmp:
         model_dir = verl_cpu.build_model_dir(os.path.join(tmp, "model"), layers=4, hidden=128)

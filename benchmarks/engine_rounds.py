@@ -1,6 +1,6 @@
 """Generation rounds in long-lived real-engine processes, interleaved (bench_real_vllm, bench_real_sglang).
 
-Each child (``tests/real_*_child.py`` in serve mode) prints ``SERVE ready`` once its engine is up,
+Each child (``tests/support/real_*_child.py`` in serve mode) prints ``SERVE ready`` once its engine is up,
 then runs one generation per ``go`` line and prints ``SERVE <wall seconds>``. Every round asks each
 child once, in rotating order, so that load from elsewhere on the machine falls on all alike.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from engine_serve import SERVE  # noqa: E402  (the children's protocol, one definition)
+from support.engine_serve import SERVE  # noqa: E402  (the children's protocol, one definition)
 
 
 def _answer(child: subprocess.Popen) -> str:

@@ -24,15 +24,15 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root: cpu_kit
 
-import verl_cpu  # noqa: E402
+from cpu_kit import verl_cpu  # noqa: E402
+from cpu_kit.demo_inputs import read_prompts  # noqa: E402
 
 
 def prompt_samples(path: str) -> list[verl_cpu.Sample]:
     """The prompts of ``path``, each with a short response (the log-prob pass needs one)."""
-    with open(path, encoding="utf-8") as lines:
-        prompts = [json.loads(line) for line in lines if line.strip()]
+    prompts = read_prompts(path)
     # Unequal response lengths: verl stacks equal-length fields into dense tensors (see random_samples).
     return [
         verl_cpu.Sample(

@@ -2,7 +2,7 @@
 # The whole loop on this CPU: verl's FSDP2 engine and vLLM's engine on the same prompts, dumped by
 # msprobe-hooks from the environment alone, then align and compare, twice: vLLM on the very same
 # checkpoint (the report must find no divergence), then on a copy with one planted fault
-# (demo_inputs.py; the report must name that module). `make demo` runs it:
+# (cpu_kit/demo_inputs.py; the report must name that module). `make demo` runs it:
 #   bash examples/demo.sh TRAIN_VENV_BIN VLLM_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump)
 # The engines' own output goes to OUT_DIR/logs/, the terminal gets the summary.
 set -euo pipefail
@@ -20,7 +20,7 @@ quietly() {  # run a step with its output in a log file; on failure show the end
 }
 
 echo "== inputs: a tiny random Qwen2, a copy with one planted fault, four prompts"
-"$train_bin/python" demo_inputs.py "$out/inputs"
+PYTHONPATH=.. "$train_bin/python" -m cpu_kit.demo_inputs "$out/inputs"
 prompts=$out/inputs/prompts.jsonl
 
 export DUMP_ON=1 PROMPTS_ONLY=1 TORCHDYNAMO_DISABLE=1
@@ -41,6 +41,6 @@ for checkpoint in model perturbed; do
 	"$train_bin/msprobe-hooks" compare "$run/pairs.jsonl" -o "$run/report"
 done
 echo
-echo "expected: no divergence on inputs/model; the planted fault, $("$train_bin/python" -c \
-	'import demo_inputs as d; print(d.PERTURBED_MODULE, "x", d.PERTURBATION)'), on inputs/perturbed"
+echo "expected: no divergence on inputs/model; the planted fault, $(PYTHONPATH=.. "$train_bin/python" -c \
+	'from cpu_kit import demo_inputs as d; print(d.PERTURBED_MODULE, "x", d.PERTURBATION)'), on inputs/perturbed"
 echo "engine logs: $out/logs/"

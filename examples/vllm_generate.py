@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root: cpu_kit
 
-def read_prompts(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+from cpu_kit.demo_inputs import read_prompts  # noqa: E402
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ and module paths, on these bases, adding what its release has: ``ModelWorkerBatc
 0.5.11, the ScheduleBatch handed to the worker itself from 0.5.13. A module of 0.5.11 that 0.5.11
 did not change (where the stand-in looks) is a link to 0.5.10's.
 
-So nothing here may carry a member that a supported release lacks. ``tests/test_sglang_contract.py``
+So nothing here may carry a member that a supported release lacks. ``tests/inference/test_sglang_contract.py``
 reads a stand-in module together with the classes it takes from here, as Python sees them: a field
 moved here counts for every version, also where the check is that a release lacks it.
 """

@@ -18,7 +18,7 @@ _RUNNER = "sglang.srt.model_executor.model_runner"
 _FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
 _SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch"
 _SERVER_ARGS = "sglang.srt.server_args"
-_SGLANG_RAN_FOR_REAL = ("sglang 0.5.21 on CPU, its offline Engine (tests/test_real_sglang.py)",)
+_SGLANG_RAN_FOR_REAL = ("sglang 0.5.21 on CPU, its offline Engine (tests/inference/test_real_sglang.py)",)
 NATIVE_FROM = "0.5.11"  # SGLang's own --msprobe-dump-config debugger
 NATIVE_GRAPH_CHECK = f">={NATIVE_FROM},<0.5.14"  # native dumps that can still meet a graph: 0.5.14+ turns them off
 

@@ -54,7 +54,7 @@ VERL_FSDP_ENGINE = Patch(
         *_PROMPT_FORWARD,
         *_VERL_COMMON,
     ),
-    ran_for_real=("verl 0.9.1, its FSDP2 engine on CPU (tests/test_verl_fsdp_engine.py)",),
+    ran_for_real=("verl 0.9.1, its FSDP2 engine on CPU (tests/training/test_verl_fsdp_engine.py)",),
 )
 
 

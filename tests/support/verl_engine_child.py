@@ -1,0 +1,101 @@
+"""Drives verl's real FSDP2 engine on CPU in a child process and prints what it saw as one JSON line.
+
+Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` (world size 1) or under
+``torchrun`` (world size 2), with or without the shim and ``DUMP_ON``. The spec:
+
+* ``model_dir``: where ``examples/verl_cpu.build_model_dir`` put the tiny Qwen2;
+* ``ops``: a list of ``"actor.log_prob"``, ``"actor.update"``, ``"ref.log_prob"``, ``"critic.values"``;
+* ``count``/``seed``/``prompt_lens``/``response_lens``: the global sample set (split over ranks);
+* ``micro_batch_size``; ``max_token_len`` (use_dynamic_bsz=True with that token budget);
+* ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
+* ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
+* ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
+* ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob``;
+* ``out``: the folder for the report.
+
+Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits"}``
+(a file per rank: verl prints to stdout too, and two ranks would interleave).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SPEC = json.loads(sys.argv[1])
+if SPEC.get("block_msprobe"):
+    sys.modules["msprobe"] = None  # type: ignore[assignment]  # ``import msprobe`` now raises ImportError
+if SPEC.get("fail_msprobe_start"):
+    from msprobe.pytorch import PrecisionDebugger
+
+    def _failing_start(self, *args, **kwargs):
+        raise RuntimeError("PrecisionDebugger.start failed (made to fail by the test)")
+
+    PrecisionDebugger.start = _failing_start
+
+
+# Run as a file: the repository root (cpu_kit) goes on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from cpu_kit import verl_cpu  # noqa: E402
+
+
+def main() -> None:
+    rank, world_size = verl_cpu.init_process()
+    samples = verl_cpu.random_samples(
+        SPEC.get("count", 4),
+        SPEC.get("seed", 0),
+        prompt_lens=SPEC.get("prompt_lens", (5, 7, 4, 6)),
+        response_lens=SPEC.get("response_lens", (3, 4)),
+    )
+    mine = verl_cpu.shard(samples, rank, world_size)
+    if SPEC.get("padding_on_rank") == rank:
+        mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
+    micro = SPEC.get("micro_batch_size", 2)
+    flags = {}
+    if "max_token_len" in SPEC:
+        flags = {"use_dynamic_bsz": True, "max_token_len_per_gpu": SPEC["max_token_len"]}
+
+    engines: dict[str, object] = {}
+
+    def engine(role: str):
+        if role not in engines:
+            engines[role] = verl_cpu.make_engine(
+                SPEC["model_dir"], forward_only=role == "ref", value_head=role == "critic", micro_batch_size=micro
+            )
+        return engines[role]
+
+    logits: list[list] = []
+    results = []
+    for op in SPEC["ops"]:
+        role, action = op.split(".")
+        eng = engine(role)
+        calls: list[int] = []  # tokens of each root-module forward
+        capture = SPEC.get("capture_logits") and op == "actor.log_prob"
+
+        def hook(module, args, kwargs, output, calls=calls, capture=capture):
+            calls.append(int(kwargs["input_ids"].shape[-1]))
+            if capture:
+                logits.append(output.logits.detach()[0].tolist())
+
+        handle = eng.module.register_forward_hook(hook, with_kwargs=True)
+        batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
+        if action == "log_prob":
+            result = {"log_probs": [t.tolist() for t in verl_cpu.log_probs(eng, batch)]}
+        elif action == "values":
+            with eng.eval_mode():
+                values = eng.infer_batch(batch)["model_output"]["values"]
+            result = {"values": [t.tolist() for t in values.unbind()]}
+        else:
+            output = verl_cpu.update(eng, batch)
+            result = {"loss": output["loss"], "grad_norm": output["metrics"]["grad_norm"]}
+        handle.remove()
+        result.update(op=op, forward_tokens=calls)
+        results.append(result)
+    report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits}
+    with open(os.path.join(SPEC["out"], f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(report, handle)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,10 @@ Wall-time ratios on a shared machine are noisy, so it then prints the harder fig
 time per model step, timed around the patch's per-step work in an engine whose core runs in the
 driving process (``real_vllm_cpu_child.py``), per request row, and as a share of a step of the
 multi-process engines timed before (their generation median over the lines a generation writes).
-Needs ``make install-vllm``.
+
+Both figures for two models: the tests' tiny one (a step of a few ms on this CPU, far shorter than any
+real engine's) and a wider one whose step (tens of ms) is nearer a real rollout step. Our cost per
+step depends on the rows, not the model, so the share shrinks as the step grows. Needs ``make install-vllm``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ MAX_TOKENS = 32
 WARMUP = 3
 ROUNDS = 15
 PAIRS = 2
+# name -> (layers, hidden) of the model (cpu_kit.verl_cpu.build_model_dir)
+MODELS = {"tiny": (2, 64), "wider": (8, 512)}
 
 
 def _environ(work: Path, name: str, **env: str) -> dict[str, str]:
@@ -74,16 +79,13 @@ def _cpu_per_step(work: Path, scenario: Path) -> dict[str, float]:
     return json.loads(line[len("CPU ") :])
 
 
-def main() -> int:
+def measure(name: str, layers: int, hidden: int) -> None:
     from cpu_kit import verl_cpu
 
-    if not VLLM_PYTHON.exists():
-        print("skipped: .venv-vllm is missing (make install-vllm)")
-        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-real-vllm-", dir="/tmp"))
     children = {}
     try:
-        model = verl_cpu.build_model_dir(str(work / "model"))
+        model = verl_cpu.build_model_dir(str(work / "model"), layers=layers, hidden=hidden)
         wave = [
             {"id": f"req-{i:03d}", "prompt": [3 + (i + j) % 120 for j in range(PROMPT_LEN)], "max_tokens": MAX_TOKENS}
             for i in range(REQUESTS)
@@ -101,7 +103,7 @@ def main() -> int:
     finally:
         close(children)
         shutil.rmtree(work, ignore_errors=True)
-    title = "real vLLM (vllm-cpu 0.32.0): "
+    title = f"real vLLM (vllm-cpu 0.32.0), {name} model ({layers} layers, hidden {hidden}): "
     title += f"{REQUESTS} requests x {MAX_TOKENS} tokens a generation, {ROUNDS} rounds"
     report(title, times, lines)
     # A step of the multi-process engines above, where the worker has a process of its own: what a job runs.
@@ -114,6 +116,14 @@ def main() -> int:
         f"a step); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
         f"in-process step: {cpu['step_wall_us']:.0f} us wall, {cpu['step_us']:.0f} us CPU on the model's thread"
     )
+
+
+def main() -> int:
+    if not VLLM_PYTHON.exists():
+        print("skipped: .venv-vllm is missing (make install-vllm)")
+        return 0
+    for name, (layers, hidden) in MODELS.items():
+        measure(name, layers, hidden)
     return 0
 
 

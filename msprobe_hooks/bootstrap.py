@@ -13,6 +13,7 @@ import sys
 from msprobe_hooks import config as config_module
 from msprobe_hooks import log, patching
 from msprobe_hooks.config import Config, ConfigError
+from msprobe_hooks.patches import msprobe_writes
 from msprobe_hooks.registry import all_patches
 
 _active: Config | None = None
@@ -28,7 +29,8 @@ def activate(environ: dict[str, str] | None = None) -> Config | None:
     if not cfg.enabled:
         return None
     try:
-        patches = all_patches(cfg.extra_patches)
+        # msprobe's own writes are guarded beside the catalogue (patches/msprobe_writes.py says why).
+        patches = [*all_patches(cfg.extra_patches), msprobe_writes.PATCH]
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         name = config_module.PREFIX + "EXTRA_PATCHES"
         raise ConfigError([config_module.invalid(name, env.get(name, ""), f"{type(exc).__name__}: {exc}")]) from None

@@ -26,8 +26,13 @@ class DebuggerUnavailable(Refusal):
     """msprobe cannot be imported, or the process's debugger was made for something else."""
 
 
+class ConfigRejected(RuntimeError):
+    """msprobe refused to build a debugger from the config (a field our start-up check does not know)."""
+
+
 _lock = threading.Lock()
 _created_for: tuple[str, str] | None = None  # (config path, dump root) of the debugger we made
+_rejected: dict[tuple[str, str], str] = {}  # what msprobe refused to make a debugger for, and its line
 
 
 def _precision_debugger_class() -> Any:
@@ -55,13 +60,25 @@ def get_debugger(config_path: str, dump_root: str) -> Any:
         wanted = (config_path, dump_root)
         if _created_for == wanted:
             return existing()
+        if wanted in _rejected:  # msprobe said no once; it would say so again
+            raise ConfigRejected(_rejected[wanted])
         if _created_for is not None or existing() is not None:
             made_by = f"msprobe-hooks for {_created_for[0]}" if _created_for else "another component"
             raise DebuggerUnavailable(
                 f"this process already has an msprobe debugger (made by {made_by}); msprobe allows one "
                 f"per process, so {config_path} cannot get its own"
             )
-        debugger = _precision_debugger_class()(config_path=config_path, dump_path=dump_root)
+        cls = _precision_debugger_class()
+        try:
+            debugger = cls(config_path=config_path, dump_path=dump_root)
+        except Exception as exc:  # msprobe checks more than config.read_msprobe_config does
+            # msprobe keeps its half-made singleton, which would pass for a debugger of someone else's.
+            cls._instance = None
+            _rejected[wanted] = (
+                f"msprobe rejected the config {config_path} ({type(exc).__name__}: {exc}; "
+                "msprobe's own error line says which field)"
+            )
+            raise ConfigRejected(_rejected[wanted]) from exc
         _created_for = wanted
         return debugger
 
@@ -109,6 +126,18 @@ def is_recording() -> bool:
     from msprobe.core.common.runtime import Runtime
 
     return bool(Runtime.is_running)
+
+
+def stop_recording(debugger: Any) -> None:
+    """Turn msprobe's recording off when its ``stop()`` failed: its hooks stay in place, inert, as after a stop().
+
+    Left recording, msprobe would run its hooks through the host's next, undumped forward (and its
+    API hooks change float results in the last bits). What the failed step recorded is not flushed.
+    """
+    from msprobe.core.common.runtime import Runtime
+
+    Runtime.is_running = False
+    debugger.service.primitive_switch = False
 
 
 def has_finished(debugger: Any) -> bool:

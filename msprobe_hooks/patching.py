@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from msprobe_hooks import contracts
+from msprobe_hooks import contracts, storage
 from msprobe_hooks.import_hooks import when_imported
 from msprobe_hooks.log import logger
 from msprobe_hooks.registry import Patch
@@ -119,10 +119,16 @@ class PatchContext:
 
 
 def _report_failure(patch_name: str, what: str, exc: BaseException) -> None:
-    key = (patch_name, what)
+    # Once per place, and once per failure: the same exception met at another place (a rejected config
+    # in each kind of window) is the same news.
+    keys = {(patch_name, what), (patch_name, f"{type(exc).__name__}: {exc}")}
     with _lock:
-        first = key not in _failures_reported
-        _failures_reported.add(key)
+        first = not keys & _failures_reported
+        _failures_reported.update(keys)
+    path = storage.failed_path(exc)
+    if path is not None:  # the storage under a dump root failed: one line per cause, naming it
+        storage.report_loss(f"{what} ({patch_name})", exc, path, _strict)
+        return
     log = logger()
     log.log(
         logging.WARNING if first else logging.DEBUG,
@@ -265,6 +271,11 @@ def _on_import(patch: Patch, generation: int, module: ModuleType) -> None:
 def _set_status(state: PatchStatus) -> None:
     with _lock:
         _status[state.name] = state
+
+
+def strict() -> bool:
+    """Whether MSPROBE_HOOKS_STRICT=1 is in effect: our own failures raise instead of stepping aside."""
+    return _strict
 
 
 def status() -> list[PatchStatus]:

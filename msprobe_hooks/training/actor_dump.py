@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks import bootstrap, join_keys, patching
+from msprobe_hooks import bootstrap, join_keys, patching, storage
 from msprobe_hooks import config as config_module
 from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks.jsonl import JsonlLog
@@ -398,20 +398,24 @@ class ActorDumper:
     def window_open(self) -> bool:
         return self._window is not None
 
-    def close(self) -> None:
-        """``stop()`` and ``step()``, then the log line if msprobe recorded this step.
+    def close(self, write: bool = True) -> None:
+        """``stop()`` and ``step()``, then the log line if msprobe recorded this step (and ``write``).
 
         Never raises (but under ``MSPROBE_HOOKS_STRICT=1``).
         """
         window, self._window = self._window, None
         if window is not None:  # our bookkeeping must not break the training step
-            window.patch.guarded("closing an msprobe step", self._close, window)
+            window.patch.guarded("closing an msprobe step", self._close, window, write)
 
-    def _close(self, window: StepWindow) -> None:
+    def _close(self, window: StepWindow, write: bool) -> None:
         debugger = self._debugger
-        debugger.stop()
+        try:
+            debugger.stop()
+        except Exception:
+            debugger_module.stop_recording(debugger)  # left recording, msprobe would run in the host's next forward
+            raise
         debugger.step()
-        if window.recording:
+        if window.recording and write:
             self._write(window, debugger)
 
     def forward_done(self, phase: str, result: Any) -> None:
@@ -465,7 +469,11 @@ class ActorDumper:
             "samples": [sample.as_record() for sample in samples],
         }
         assert self._log is not None
-        self._log.write(record)
+        try:
+            self._log.write(record)
+        except OSError as exc:  # a full or removed dump root: one line naming the cause and the step
+            what = f"the {LOG_FILENAME} line of step {window.step}"
+            storage.report_loss(what, exc, self._log.path, patching.strict())
 
     # --- the two kinds of micro-batch dump -----------------------------------------------------
 
@@ -486,10 +494,13 @@ class ActorDumper:
         """One prompt-only ``forward`` per sample of ``micro_batch``, each real sample in its own window.
 
         Every rank of ``group`` must run the same number of forwards (FSDP all-gathers parameters
-        in each): the largest sample count of the group is agreed with an all-reduce, ranks with
-        fewer samples repeat their first sample undumped, and padding samples run undumped.
-        Ranks whose msprobe has finished for good report 0, so a group where all have finished
-        skips the extra forwards.
+        in each), so the ranks agree, in one all-reduce, on the largest sample count of the group
+        and on whether any rank failed to cut its prompts (then none runs any). Ranks with fewer
+        samples repeat their first sample undumped, and padding samples run undumped. Ranks whose
+        msprobe has finished for good report 0, so a group where all have finished skips the extra
+        forwards. A forward that fails (one line; its window gets no log line) is replaced by the first
+        sample's, undumped, for this and every later one: a failure before the forward's first
+        collective (in preparing its inputs) keeps the ranks in step.
         """
         try:
             samples = describe_samples(micro_batch)
@@ -498,34 +509,49 @@ class ActorDumper:
             raise DumpRefused(f"PROMPTS_ONLY=1: cannot find each sample's prompt in the micro-batch ({exc})") from exc
         debugger = self.debugger()
         finished = debugger_module.has_finished(debugger)
-        count = agree_on_count(0 if finished else len(samples), group, device)
+        batches = current.patch.guarded("cutting the prompts", _prompt_batches, micro_batch, samples)
+        mine = 0 if finished or batches is None else len(batches)
+        count, failed = agree_on_max([mine, int(batches is None)], group, device)
+        if failed:
+            return
+        assert batches is not None
+        broken = False  # a forward failed: the rest are the first sample's, undumped
         for k in range(count):
-            sample = samples[k] if k < len(samples) else samples[0]
-            dumped = k < len(samples) and not sample.padding and not finished
-            batch = prompt_only_micro_batch(micro_batch, sample.index, sample.prompt_len)
+            dumped = k < len(batches) and not samples[k].padding and not (broken or finished)
+            batch = batches[k] if k < len(batches) and not broken else batches[0]
             if dumped:
-                self.open(model, current, "prompt", samples=[sample], global_step=global_step)
-            try:
-                forward(batch)
-            finally:
-                if dumped:
-                    self.close()
+                self.open(model, current, "prompt", samples=[samples[k]], global_step=global_step)
+            if current.patch.guarded("a prompt-only forward", forward, batch, default=_FAILED) is _FAILED:
+                broken = True
+                if dumped:  # what msprobe holds of this window is no prompt's forward: no log line for it
+                    self.close(write=False)
+                    dumped = False
+                forward(batches[0])  # this forward's collectives, with the first prompt: the ranks stay in step
+            if dumped:
+                self.close()
+
+
+_FAILED = object()  # what a guarded forward returns when it raised
 
 
 def _samples_and_step(micro_batch: Any) -> tuple[list[SampleInfo], Any]:
     return describe_samples(micro_batch), global_step_of(micro_batch)
 
 
-def agree_on_count(count: int, group: Any, device: Any) -> int:
-    """The largest ``count`` over the ranks of ``group`` (itself when not distributed)."""
+def _prompt_batches(micro_batch: Any, samples: list[SampleInfo]) -> list[Any]:
+    return [prompt_only_micro_batch(micro_batch, sample.index, sample.prompt_len) for sample in samples]
+
+
+def agree_on_max(values: list[int], group: Any, device: Any) -> list[int]:
+    """The largest of each of ``values`` over the ranks of ``group`` (themselves when not distributed)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size(group) <= 1:
-        return count
-    value = torch.tensor([count], dtype=torch.long).to(device)  # as verl moves its own counts
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return int(value.item())
+        return values
+    tensor = torch.tensor(values, dtype=torch.long).to(device)  # as verl moves its own counts
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in tensor.tolist()]
 
 
 _dumper: ActorDumper | None = None

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +59,17 @@ class EngineRun:
 
 
 def run_engine(
-    tmp: Path, spec: dict, *, world_size: int = 1, dump: bool = True, child: Path = CHILD, **env: str
+    tmp: Path,
+    spec: dict,
+    *,
+    world_size: int = 1,
+    dump: bool = True,
+    child: Path = CHILD,
+    path: Sequence[str | os.PathLike] = (),
+    **env: str,
 ) -> EngineRun:
-    """Run ``child`` with ``spec``; ``dump`` sets DUMP_ON=1; ``env`` adds variables (DUMP_PHASE, …)."""
+    """Run ``child`` with ``spec``; ``dump`` sets DUMP_ON=1; ``env`` adds variables (DUMP_PHASE, …);
+    ``path`` goes on PYTHONPATH after the shim (a ``sitecustomize`` there is chained by the shim)."""
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "report"
     out.mkdir(exist_ok=True)
@@ -81,7 +90,7 @@ def run_engine(
             argument,
         ]
     done = subprocess.run(
-        command, env=shim_env(**variables), capture_output=True, text=True, timeout=HANG_LIMIT_S, cwd=tmp
+        command, env=shim_env(*path, **variables), capture_output=True, text=True, timeout=HANG_LIMIT_S, cwd=tmp
     )
     reports = []
     for rank in range(world_size):

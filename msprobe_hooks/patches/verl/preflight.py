@@ -27,18 +27,21 @@ class PreflightFailed(RuntimeError):
     """The run breaks pairing constraints and MSPROBE_HOOKS_PREFLIGHT=error: stop before any rollout."""
 
 
-def _findings(config: object, settings: object) -> tuple[list, list[str]]:
+def _findings(config: object, settings: object) -> tuple[list, list[str]] | None:
+    if not preflight.is_ppo_config(config):
+        return None  # SFT and eval entry points call auto_set_device too
     findings = preflight.check(config, settings)  # type: ignore[arg-type]
     return findings, preflight.report(findings, "verl config")
 
 
 def _check(ctx: PatchContext, config: object) -> None:
     settings = bootstrap.current_config()
-    if settings is None or not preflight.is_ppo_config(config):
-        return  # SFT and eval entry points call auto_set_device too
+    if settings is None:
+        return
+    # Reading the config is guarded too: a config of a shape we do not know must not stop the run.
     checked = ctx.guarded("checking the run's configuration", _findings, config, settings)
     if checked is None:
-        return  # our own failure must not stop the user's run
+        return  # not a PPO run, or our own failure: the user's run goes on
     findings, lines = checked
     if not findings:
         log.info("%s", lines[0])

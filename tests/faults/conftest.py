@@ -1,0 +1,41 @@
+"""The fault suite's summary: the matrix printed at the end of the session, and docs/reliability.md written
+when the whole matrix ran (a partial selection prints what ran and leaves the file alone)."""
+
+from __future__ import annotations
+
+import pytest
+from support.verl_runs import EngineRun, run_engine
+
+from cpu_kit import verl_cpu
+
+from . import fault_matrix, verl_faults
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not fault_matrix.RESULTS:
+        return
+    terminalreporter.section("fault matrix (tests/faults)")
+    terminalreporter.write_line(fault_matrix.table())
+    if fault_matrix.ran_whole():
+        fault_matrix.write_doc()
+        terminalreporter.write_line(f"written to {fault_matrix.RELIABILITY_DOC}")
+    else:
+        where = fault_matrix.RELIABILITY_DOC
+        terminalreporter.write_line(f"not the whole matrix (or a cell failed): {where} left as it is")
+
+
+# --- the runs several test files of the suite share ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Qwen2 that verl's FSDP2 engine trains in the fault runs."""
+    return verl_cpu.build_model_dir(str(tmp_path_factory.mktemp("model")))
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> EngineRun:
+    """The fault runs' operations without DUMP_ON: what every surviving run must reproduce exactly."""
+    run = run_engine(tmp_path_factory.mktemp("baseline"), {**verl_faults.SPEC, "model_dir": model_dir}, dump=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run

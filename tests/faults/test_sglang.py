@@ -1,6 +1,6 @@
 """Faults under the SGLang stand-ins (0.5.2: the library's own debugger dumps the forwards).
 
-The stand-in scheduler (``tests/standins``, ``tests/sglang_support.py``) drives the patched
+The stand-in scheduler (``tests/standins``, ``tests/support/sglang_standin.py``) drives the patched
 ``ModelRunner.forward`` with a tiny torch model; the fault site injects the fault as in the other
 cells. Survived: the same outputs as without DUMP_ON, one line, every log line-complete; under
 ``MSPROBE_HOOKS_STRICT=1`` the run fails, naming the fault.

@@ -1,6 +1,6 @@
 """Faults in verl 0.9.1's real FSDP2 engine on CPU: msprobe broken, storage failing, a rank's prompt forward failing.
 
-Every run is ``tests/verl_engine_child.py`` (actor log-prob, update, log-prob; 4 samples in
+Every run is ``tests/support/verl_engine_child.py`` (actor log-prob, update, log-prob; 4 samples in
 micro-batches of 2) under the shim, with the fault site
 (``fault_site/sitecustomize.py``, chained by the shim) injecting the fault. Survived means: exit 0,
 every result equal to the run without DUMP_ON, exactly the lines of ours the cell names, every

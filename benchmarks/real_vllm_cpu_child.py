@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from real_vllm_child import ENGINE_DEFAULTS, generate  # noqa: E402  (the tests' child: same engine, same requests)
 
@@ -38,7 +38,9 @@ def main(scenario_path: str, rounds: int) -> None:
     totals = {"calls": 0, "ours_ns": 0, "rows": 0, "intervals": 0, "step_ns": 0, "step_wall_ns": 0}
     last_call = [0, 0]  # thread CPU and wall time at the last call; 0 at a generation's start
 
-    def timed_record_step(runner, state, scheduler_output):
+    from msprobe_hooks.patching import argument
+
+    def timed_record_step(runner, state, args, kwargs):
         began, wall = time.thread_time_ns(), time.perf_counter_ns()
         if last_call[0]:
             totals["intervals"] += 1
@@ -46,10 +48,10 @@ def main(scenario_path: str, rounds: int) -> None:
             totals["step_wall_ns"] += wall - last_call[1]
         last_call[:] = began, wall
         try:
-            return record_step(runner, state, scheduler_output)
+            return record_step(runner, state, args, kwargs)
         finally:
             totals["calls"] += 1
-            totals["rows"] += len(scheduler_output.num_scheduled_tokens)
+            totals["rows"] += len(argument(args, kwargs, "scheduler_output", 0).num_scheduled_tokens)
             totals["ours_ns"] += time.thread_time_ns() - began
 
     generate(llm.llm_engine, scenario["waves"])  # warm-up

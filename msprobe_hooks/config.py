@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 PREFIX = "MSPROBE_HOOKS_"
@@ -54,6 +53,7 @@ def _bad(name: str, raw: str, accepted: str, why: str = "") -> str:
 
 
 # --- the kinds of value: each one parses a raw value and says what it accepts ---------------------
+# NamedTuples, not dataclasses: importing dataclasses (with inspect) costs ~5 ms in every process.
 
 
 class Kind(Protocol):
@@ -65,8 +65,7 @@ class Kind(Protocol):
         """The value of ``raw`` (blank: the default, itself blank for some); raise ValueError with one line."""
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):
     """A boolean switch."""
 
     accepted: str = BOOL_VALUES
@@ -75,12 +74,11 @@ class Flag:
         return parse_bool(name, raw)
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     """One of ``values``, in any case; ``aliases`` are other spellings of one of them."""
 
     values: tuple[str, ...]
-    aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
+    aliases: Mapping[str, str] = {}  # noqa: RUF012  (never mutated)
     upper: bool = False
 
     @property
@@ -96,8 +94,7 @@ class Choice:
         return value
 
 
-@dataclass(frozen=True)
-class FlagOr:
+class FlagOr(NamedTuple):
     """A switch (``off`` / ``on``) that also takes the words of ``others``, which stand for themselves."""
 
     off: str
@@ -118,8 +115,7 @@ class FlagOr:
             raise ValueError(_bad(name, raw, self.accepted)) from None
 
 
-@dataclass(frozen=True)
-class MsprobeConfig:
+class MsprobeConfig(NamedTuple):
     """The path of an msprobe config.json, made absolute and checked (:func:`read_msprobe_config`)."""
 
     accepted: str = "path to an msprobe config.json"
@@ -132,8 +128,7 @@ class MsprobeConfig:
         return path
 
 
-@dataclass(frozen=True)
-class DumpDir:
+class DumpDir(NamedTuple):
     """A directory made absolute, that this process can create or write into (:func:`unwritable`)."""
 
     accepted: str = DUMP_DIR_ACCEPTED
@@ -147,8 +142,7 @@ class DumpDir:
         return path
 
 
-@dataclass(frozen=True)
-class Names:
+class Names(NamedTuple):
     """Comma-separated names, as a set (which names exist is checked later: :func:`check_patch_names`)."""
 
     accepted: str
@@ -157,8 +151,7 @@ class Names:
         return frozenset(_split(raw))
 
 
-@dataclass(frozen=True)
-class References:
+class References(NamedTuple):
     """Comma-separated ``module:attribute`` references, in order."""
 
     accepted: str = "comma-separated module:attribute references to Patch records"

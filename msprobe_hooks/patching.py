@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
-import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -129,6 +127,8 @@ def _report_failure(patch_name: str, what: str, exc: BaseException) -> None:
     if path is not None:  # the storage under a dump root failed: one line per cause, naming it
         storage.report_loss(f"{what} ({patch_name})", exc, path, _strict)
         return
+    import logging  # here: activation stays light
+
     log = logger()
     log.log(
         logging.WARNING if first else logging.DEBUG,
@@ -212,6 +212,8 @@ def apply(patch: Patch, module: ModuleType, version: str | None = None) -> Patch
     """Run ``patch``'s implementation on ``module`` now, as the import hook does once its gates
     passed (tests and benchmarks drive a patch by hand through it); its context, or None for a
     site's old-style implementation (``patch(module)`` with its own ``unpatch(module)``)."""
+    import inspect  # here, as a target is patched: ~4 ms that activation need not pay
+
     from msprobe_hooks import bootstrap  # not at the top: bootstrap imports this module
 
     implementation = importlib.import_module(patch.implementation)

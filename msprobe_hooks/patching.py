@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from msprobe_hooks import contracts, storage
+from msprobe_hooks.config import EVERY_PATCH
 from msprobe_hooks.import_hooks import when_imported
 from msprobe_hooks.log import logger
 from msprobe_hooks.registry import Patch
@@ -190,14 +191,14 @@ def contract_problems(patch: Patch, version: str | None) -> list[str]:
 
 
 def register(patches: Iterable[Patch], disabled: frozenset[str] = frozenset(), strict: bool = False) -> None:
-    """Install a post-import hook for every patch not disabled (``*`` disables all)."""
+    """Install a post-import hook for every patch not disabled (``config.EVERY_PATCH`` disables all)."""
     global _strict
     with _lock:
         _strict = strict
         generation = _generation
         hooks = []
         for patch in patches:
-            if patch.name in disabled or "*" in disabled:
+            if patch.name in disabled or EVERY_PATCH in disabled:
                 _status[patch.name] = PatchStatus(patch.name, SKIPPED, "disabled by MSPROBE_HOOKS_DISABLE")
                 continue
             if _status.get(patch.name, PatchStatus("", "")).state in (WAITING, APPLIED):

@@ -63,7 +63,7 @@ def main() -> None:
 
 
 def _table(root: str) -> None:
-    runner = sglang_model_runner.RunnerDump(
+    runner = sglang_model_runner.SglangRunner(
         None, own=False, dump_all=False, rank_id=0, engine_version="0.5.2", log=JsonlLog(root, "dispatch_log.jsonl")
     )
     print(f"{'batch':>28} {'init_new us':>12} {'forward us':>11} {'us/row':>7} {'line bytes':>11}")

@@ -1,5 +1,5 @@
 import sys
 
-from msprobe_hooks.cli import main
+from msprobe_hooks.cli.command import main
 
 sys.exit(main())

@@ -13,8 +13,7 @@ import sys
 from msprobe_hooks import config as config_module
 from msprobe_hooks import log, patching
 from msprobe_hooks.config import Config, ConfigError
-from msprobe_hooks.patches import msprobe_writes
-from msprobe_hooks.registry import all_patches
+from msprobe_hooks.patches import all_patches, msprobe_writes
 
 _active: Config | None = None
 
@@ -41,7 +40,7 @@ def activate(environ: dict[str, str] | None = None) -> Config | None:
         hint = config_module.suggest(name)
         log.logger().warning("unknown variable %s ignored%s", name, f" (did you mean {hint}?)" if hint else "")
     _active = cfg
-    patching.register(patches, cfg.disabled, cfg.strict)
+    patching.register(patches, cfg)
     return cfg
 
 

@@ -1,6 +1,6 @@
 """Every environment variable msprobe-hooks reads: names, defaults, parsing and validation.
 
-This module is the single owner of the environment contract (DESIGN.md §3). Each
+This module is the single owner of the environment contract (docs/env-reference.md). Each
 :class:`Variable` record is the one statement of its variable: the :class:`Config` field it
 fills, its default, how it is parsed and what it accepts; :func:`load`, the error messages and
 ``docs/env-reference.md`` (``python scripts/gen_docs.py``) all read the records. Other modules
@@ -15,8 +15,13 @@ inherit the environment but not the launching shell's working directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Protocol
+
 
 PREFIX = "MSPROBE_HOOKS_"
 
@@ -53,10 +58,11 @@ def _bad(name: str, raw: str, accepted: str, why: str = "") -> str:
 
 
 # --- the kinds of value: each one parses a raw value and says what it accepts ---------------------
-# NamedTuples, not dataclasses: importing dataclasses (with inspect) costs ~5 ms in every process.
+# namedtuples, not dataclasses or typing.NamedTuple: importing dataclasses (with inspect) costs ~5 ms in every
+# process, typing (with re, enum, functools, contextlib) ~4 ms.
 
 
-class Kind(Protocol):
+class Kind(Protocol if TYPE_CHECKING else object):
     @property
     def accepted(self) -> str:
         """What the docs and the error messages say is accepted."""
@@ -65,21 +71,34 @@ class Kind(Protocol):
         """The value of ``raw`` (blank: the default, itself blank for some); raise ValueError with one line."""
 
 
-class Flag(NamedTuple):
+class Flag(namedtuple("Flag", ("accepted",), defaults=(BOOL_VALUES,))):
     """A boolean switch."""
 
-    accepted: str = BOOL_VALUES
+    __slots__ = ()
+
+    accepted: str
 
     def parse(self, name: str, raw: str, cwd: str) -> bool:
         return parse_bool(name, raw)
 
 
-class Choice(NamedTuple):
+class Choice(
+    namedtuple(
+        "Choice",
+        ("values", "aliases", "upper"),
+        defaults=(
+            {},
+            False,
+        ),
+    )
+):
     """One of ``values``, in any case; ``aliases`` are other spellings of one of them."""
 
+    __slots__ = ()
+
     values: tuple[str, ...]
-    aliases: Mapping[str, str] = {}  # noqa: RUF012  (never mutated)
-    upper: bool = False
+    aliases: Mapping[str, str]  # noqa: RUF012  (never mutated)
+    upper: bool
 
     @property
     def accepted(self) -> str:
@@ -94,8 +113,10 @@ class Choice(NamedTuple):
         return value
 
 
-class FlagOr(NamedTuple):
+class FlagOr(namedtuple("FlagOr", ("off", "on", "others"))):
     """A switch (``off`` / ``on``) that also takes the words of ``others``, which stand for themselves."""
+
+    __slots__ = ()
 
     off: str
     on: str
@@ -115,10 +136,12 @@ class FlagOr(NamedTuple):
             raise ValueError(_bad(name, raw, self.accepted)) from None
 
 
-class MsprobeConfig(NamedTuple):
+class MsprobeConfig(namedtuple("MsprobeConfig", ("accepted",), defaults=("path to an msprobe config.json",))):
     """The path of an msprobe config.json, made absolute and checked (:func:`read_msprobe_config`)."""
 
-    accepted: str = "path to an msprobe config.json"
+    __slots__ = ()
+
+    accepted: str
 
     def parse(self, name: str, raw: str, cwd: str) -> str | None:
         if not raw.strip():
@@ -128,10 +151,12 @@ class MsprobeConfig(NamedTuple):
         return path
 
 
-class DumpDir(NamedTuple):
+class DumpDir(namedtuple("DumpDir", ("accepted",), defaults=(DUMP_DIR_ACCEPTED,))):
     """A directory made absolute, that this process can create or write into (:func:`unwritable`)."""
 
-    accepted: str = DUMP_DIR_ACCEPTED
+    __slots__ = ()
+
+    accepted: str
 
     def parse(self, name: str, raw: str, cwd: str) -> str:
         raw = raw.strip()
@@ -142,8 +167,10 @@ class DumpDir(NamedTuple):
         return path
 
 
-class Names(NamedTuple):
+class Names(namedtuple("Names", ("accepted",))):
     """Comma-separated names, as a set (which names exist is checked later: :func:`check_patch_names`)."""
+
+    __slots__ = ()
 
     accepted: str
 
@@ -151,10 +178,14 @@ class Names(NamedTuple):
         return frozenset(_split(raw))
 
 
-class References(NamedTuple):
+class References(
+    namedtuple("References", ("accepted",), defaults=("comma-separated module:attribute references to Patch records",))
+):
     """Comma-separated ``module:attribute`` references, in order."""
 
-    accepted: str = "comma-separated module:attribute references to Patch records"
+    __slots__ = ()
+
+    accepted: str
 
     def parse(self, name: str, raw: str, cwd: str) -> tuple[str, ...]:
         refs = _split(raw)
@@ -165,7 +196,16 @@ class References(NamedTuple):
         return refs
 
 
-class Variable(NamedTuple):
+class Variable(
+    namedtuple(
+        "Variable",
+        ("name", "field", "kind", "default", "meaning", "shown_default", "suggested"),
+        defaults=(
+            "",
+            "",
+        ),
+    )
+):
     """One environment variable of the contract: what it fills, its default, what it accepts, what it means.
 
     ``default`` is the raw value an unset (or blank) variable is read as; ``shown_default`` is how
@@ -174,13 +214,15 @@ class Variable(NamedTuple):
     when it is unset ('' : nothing).
     """
 
+    __slots__ = ()
+
     name: str
     field: str
     kind: Kind
     default: str
     meaning: str
-    shown_default: str = ""
-    suggested: str = ""
+    shown_default: str
+    suggested: str
 
     @property
     def accepted(self) -> str:
@@ -314,8 +356,29 @@ NEAR_MISS_DISTANCE = 2  # DUMP_PAHSE, MSPROBE_ACTOR_CONFG, PROMPTS_ONYL: one or 
 FOREIGN_NAMES = frozenset({"MSPROBE_LOG_LEVEL"})
 
 
-class Config(NamedTuple):
+class Config(
+    namedtuple(
+        "Config",
+        (
+            "enabled",
+            "dump_phase",
+            "prompts_only",
+            "actor_config",
+            "generate_config",
+            "generate_forwards",
+            "output_dir",
+            "strict",
+            "disabled",
+            "log_level",
+            "preflight",
+            "extra_patches",
+            "unknown_names",
+        ),
+    )
+):
     """The validated configuration of this process."""
+
+    __slots__ = ()
 
     enabled: bool
     dump_phase: str

@@ -12,53 +12,58 @@ checked in three places:
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from collections import namedtuple
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 if TYPE_CHECKING:  # ast and inspect are imported where used: activation must stay cheap
     import ast
+    from collections.abc import Iterator
 
 
-class Method(NamedTuple):
+class Method(namedtuple("Method", ("module", "qualname", "params", "versions"), defaults=("",))):
     """``module:Class.method`` exists, defined on that class, and its parameters start with ``params``.
 
     Parameters after ``params`` are allowed: wrappers pass them through untouched.
     ``versions`` (a PEP 440 specifier of the patch's distribution) limits the item to some releases.
     """
 
+    __slots__ = ()
+
     module: str
     qualname: str
     params: tuple[str, ...]
-    versions: str = ""
+    versions: str
 
     def describe(self) -> str:
         return f"{self.module}:{self.qualname}({', '.join(self.params)}, ...)"
 
 
-class Attribute(NamedTuple):
+class Attribute(namedtuple("Attribute", ("module", "qualname", "name", "versions"), defaults=("",))):
     """Instances of ``module:Class`` carry attribute ``name`` (assigned as ``self.name`` or annotated
     on the class, in that class or a base class defined in the same module)."""
+
+    __slots__ = ()
 
     module: str
     qualname: str
     name: str
-    versions: str = ""
+    versions: str
 
     def describe(self) -> str:
         return f"{self.module}:{self.qualname}.{self.name}"
 
 
-class Function(NamedTuple):
+class Function(namedtuple("Function", ("module", "name", "params", "versions"), defaults=("",))):
     """Module-level function ``module:name`` exists and its parameters start with ``params``."""
+
+    __slots__ = ()
 
     module: str
     name: str
     params: tuple[str, ...]
-    versions: str = ""
+    versions: str
 
     def describe(self) -> str:
         return f"{self.module}:{self.name}({', '.join(self.params)}, ...)"
@@ -74,8 +79,10 @@ def applies(item: ContractItem, version: str | None) -> bool:
     return version_supported(version, item.versions)
 
 
-class Provider(NamedTuple):
+class Provider(namedtuple("Provider", ("distribution", "version"))):
     """The installed distribution that provides a module: its name and version."""
+
+    __slots__ = ()
 
     distribution: str
     version: str
@@ -109,12 +116,17 @@ def module_version(module: str) -> str | None:
     return provider.version if provider else None
 
 
-@functools.lru_cache(maxsize=4)
+_scanned: dict[tuple[str, ...], dict[str, list[str]]] = {}
+
+
 def _providers(path: tuple[str, ...]) -> dict[str, list[str]]:
     # Keyed on sys.path: a scan (~0.2 s with vLLM's 170 distributions) answers for the path it read.
-    from importlib import metadata
+    # (A dict, not functools.lru_cache: functools is not imported at activation.)
+    if path not in _scanned:
+        from importlib import metadata
 
-    return metadata.packages_distributions()
+        _scanned[path] = metadata.packages_distributions()
+    return _scanned[path]
 
 
 def version_supported(version: str, spec: str) -> bool:
@@ -139,7 +151,9 @@ def params_problem(actual: list[str], expected: tuple[str, ...]) -> str | None:
 
 
 def _resolve(module_name: str, qualname: str) -> object:
-    obj: object = importlib.import_module(module_name)
+    from importlib import import_module
+
+    obj: object = import_module(module_name)
     for part in qualname.split("."):
         obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
     return obj

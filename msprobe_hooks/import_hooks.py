@@ -9,15 +9,19 @@ wrapt itself is imported only when a patch is applied, that is, once a (heavy) t
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
-Hook = Callable[[ModuleType], None]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
-_lock = threading.RLock()
+    Hook = Callable[[ModuleType], None]
+
+
+_lock = _thread.RLock()  # _thread, not threading (which imports functools): activation stays light
 _hooks: dict[str, list[Hook]] = {}
 _finder: _HookFinder | None = None
 
@@ -62,7 +66,7 @@ class _ChainedLoader:
 
 class _HookFinder:  # duck-typed: importlib.abc alone costs ~8 ms to import
     def __init__(self) -> None:
-        self._busy = threading.local()
+        self._busy = _thread._local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in _hooks or getattr(self._busy, fullname, False):

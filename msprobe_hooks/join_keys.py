@@ -1,7 +1,8 @@
-"""What the training log and the inference dispatch log have in common: the join keys.
+"""What the training log and the inference dispatch log have in common: their names, the join keys.
 
 Both sides must compute these identically, or ``align`` cannot pair a prefill step with a
-training micro-batch, so there is one implementation, here.
+training micro-batch, so there is one implementation, here; the readers of ``analysis/`` take the
+file names from here too, without importing the runtime that writes them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ import hashlib
 import re
 import time
 from collections.abc import Iterable
+
+# The logs, one file per process under {dump root}/{pid}/, and their ``source`` values (the published recipe's).
+TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
+TRAINING_SOURCE = "update_actor"
+DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
+DISPATCH_SOURCE = "dispatch_logger"
 
 _VLLM_SUFFIX = re.compile(r"^(?P<base>.+)-[0-9a-f]{8}$")
 

@@ -8,7 +8,7 @@ machinery calls :func:`logger` before importing them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 
 if TYPE_CHECKING:
     import logging

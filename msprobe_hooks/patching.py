@@ -20,19 +20,21 @@ two threads never apply it twice.
 
 from __future__ import annotations
 
-import functools
-import importlib
+import _thread
 import sys
-import threading
-from collections.abc import Callable, Iterable
-from types import ModuleType
-from typing import Any, NamedTuple
+from collections import namedtuple
 
 from msprobe_hooks import contracts, storage
 from msprobe_hooks.config import EVERY_PATCH
 from msprobe_hooks.import_hooks import when_imported
 from msprobe_hooks.log import logger
 from msprobe_hooks.registry import Patch
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from types import ModuleType
+    from typing import Any
 
 WAITING, APPLIED, SKIPPED, FAILED = "waiting", "applied", "skipped", "failed"
 _MARK = "_self_msprobe_hooks_patch"
@@ -51,29 +53,36 @@ class Refusal(RuntimeError):
     """
 
 
-class _Application(NamedTuple):
+class _Application(namedtuple("_Application", ("patch", "module", "ctx", "unpatch"))):
+    __slots__ = ()
+
     patch: Patch
     module: ModuleType
     ctx: PatchContext | None  # None: a site's old-style implementation, reverted by its own unpatch
     unpatch: Callable[[ModuleType], None] | None
 
 
-class PatchStatus(NamedTuple):
+class PatchStatus(namedtuple("PatchStatus", ("name", "state", "reason", "version"), defaults=("", None))):
+    """One patch's state in this process (waiting, applied, skipped, failed) and why."""
+
+    __slots__ = ()
+
     name: str
     state: str
-    reason: str = ""
-    version: str | None = None
+    reason: str
+    version: str | None
 
 
-_lock = threading.RLock()
+_lock = _thread.RLock()  # _thread, not threading (which imports functools): activation stays light
 _status: dict[str, PatchStatus] = {}
 _applying: set[str] = set()  # claimed by a thread that runs the implementation outside the lock
 _applied: dict[str, _Application] = {}
 _ledger: dict[str, list[tuple[Any, str]]] = {}  # patch name -> (owner, attribute) it wrapped, in order
 _generation = 0  # bumped by unpatch_all(): hooks registered before it become no-ops
 _strict = False
+_config: Any = None  # the activation Config register() was given: every PatchContext carries it
 _failures_reported: set[tuple[str, str]] = set()
-_MISSING: Any = object()
+_MISSING = object()
 
 
 class PatchContext:
@@ -190,11 +199,17 @@ def contract_problems(patch: Patch, version: str | None) -> list[str]:
     ]
 
 
-def register(patches: Iterable[Patch], disabled: frozenset[str] = frozenset(), strict: bool = False) -> None:
-    """Install a post-import hook for every patch not disabled (``config.EVERY_PATCH`` disables all)."""
-    global _strict
+def register(patches: Iterable[Patch], config: Any = None) -> None:
+    """Install a post-import hook for every patch ``config`` (the activation ``Config``) does not disable.
+
+    ``config`` is kept for the contexts the patches are applied with (``ctx.config``); its
+    ``disabled`` names (``config.EVERY_PATCH``: all) are skipped, its ``strict`` holds for every failure.
+    """
+    global _strict, _config
+    disabled = config.disabled if config is not None else frozenset()
     with _lock:
-        _strict = strict
+        _strict = bool(config is not None and config.strict)
+        _config = config
         generation = _generation
         hooks = []
         for patch in patches:
@@ -206,25 +221,25 @@ def register(patches: Iterable[Patch], disabled: frozenset[str] = frozenset(), s
             _status[patch.name] = PatchStatus(patch.name, WAITING, f"until {patch.target} is imported")
             hooks.append(patch)
     for patch in hooks:  # outside the lock: a target already imported is patched at once
-        when_imported(patch.target, functools.partial(_on_import, patch, generation))
+        when_imported(patch.target, _hook(patch, generation))
 
 
-def apply(patch: Patch, module: ModuleType, version: str | None = None) -> PatchContext | None:
+def apply(patch: Patch, module: ModuleType, version: str | None = None, config: Any = None) -> PatchContext | None:
     """Run ``patch``'s implementation on ``module`` now, as the import hook does once its gates
     passed (tests and benchmarks drive a patch by hand through it); its context, or None for a
-    site's old-style implementation (``patch(module)`` with its own ``unpatch(module)``)."""
+    site's old-style implementation (``patch(module)`` with its own ``unpatch(module)``).
+    ``config`` is the context's (default: the one :func:`register` was given)."""
     import inspect  # here, as a target is patched: ~4 ms that activation need not pay
+    from importlib import import_module
 
-    from msprobe_hooks import bootstrap  # not at the top: bootstrap imports this module
-
-    implementation = importlib.import_module(patch.implementation)
+    implementation = import_module(patch.implementation)
     old_style = len(inspect.signature(implementation.patch).parameters) == 1
     ctx = None
     if old_style:
         implementation.patch(module)
     else:
         version = version if version is not None else installed_version(patch)
-        ctx = PatchContext(patch.name, version, bootstrap.current_config())
+        ctx = PatchContext(patch.name, version, config if config is not None else _config)
         try:
             implementation.patch(module, ctx)
         except BaseException:  # a patch that is not applied leaves nothing wrapped
@@ -233,6 +248,11 @@ def apply(patch: Patch, module: ModuleType, version: str | None = None) -> Patch
     with _lock:
         _applied[patch.name] = _Application(patch, module, ctx, implementation.unpatch if old_style else None)
     return ctx
+
+
+def _hook(patch: Patch, generation: int) -> Callable[[ModuleType], None]:
+    """The post-import hook of ``patch`` (a closure: functools.partial would import functools at activation)."""
+    return lambda module: _on_import(patch, generation, module)
 
 
 def _on_import(patch: Patch, generation: int, module: ModuleType) -> None:
@@ -314,10 +334,11 @@ def _unwrap_ledger(patch_name: str) -> None:
 
 def unpatch_all() -> None:
     """Revert every applied patch and forget pending hooks (tests; re-activate to patch again)."""
-    global _generation
+    global _generation, _config
     with _lock:
         names = list(_applied)
         _generation += 1
+        _config = None
     for name in reversed(names):
         revert(name)
     with _lock:

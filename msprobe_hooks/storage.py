@@ -10,16 +10,16 @@ later is not) is listed once more when the process exits.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
-import threading
 
 from msprobe_hooks.log import logger
 
 # The errors of a storage that fails under a dump root (a full disk, a read-only remount, a removed folder).
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EACCES, errno.EIO})
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # not threading: it imports functools, and activation stays light
 _reported: set[tuple[int, str]] = set()  # (errno, mount point) already given their warning line
 _lost: list[str] = []  # what was lost, in order, for the exit summary
 _summary_registered = False

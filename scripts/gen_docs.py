@@ -20,7 +20,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from msprobe_hooks import config, contracts, preflight
-from msprobe_hooks.registry import builtin_patches
+from msprobe_hooks.patches import PATCHES
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_REFERENCE = REPO / "docs" / "env-reference.md"
@@ -56,7 +56,7 @@ def patch_catalogue() -> str:
         "target still looks like what the patch relies on; otherwise it logs one line and steps aside. "
         "Disable one with `MSPROBE_HOOKS_DISABLE=name`. `msprobe-hooks doctor` says which would apply here.\n",
     ]
-    patches = list(builtin_patches())
+    patches = list(PATCHES)
     if not patches:
         lines.append("No patch is registered yet.\n")
     for patch in patches:

@@ -32,7 +32,8 @@ from urllib.parse import urljoin
 from packaging.version import InvalidVersion, Version
 
 from msprobe_hooks import contracts
-from msprobe_hooks.registry import Patch, builtin_patches
+from msprobe_hooks.patches import PATCHES
+from msprobe_hooks.registry import Patch
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "contracts" / "releases.json"
 PYPI = "https://pypi.org/pypi/{dist}/json"
@@ -185,7 +186,7 @@ def release_record(dist: str, version: str, files: list[dict], asked: dict[str, 
 
 
 def refresh(dists: list[str]) -> int:
-    patches = list(builtin_patches())
+    patches = list(PATCHES)
     asked_all = wanted(patches)
     snapshot = json.loads(SNAPSHOT.read_text()) if SNAPSHOT.exists() else {}
     for dist in dists or sorted(asked_all):
@@ -236,7 +237,7 @@ def problems(patches: list[Patch], snapshot: dict) -> dict[str, dict[str, list[s
 
 def check() -> int:
     snapshot = json.loads(SNAPSHOT.read_text())
-    report = problems(list(builtin_patches()), snapshot)
+    report = problems(list(PATCHES), snapshot)
     failed = False
     for name, per_version in report.items():
         bad = {v: lines for v, lines in per_version.items() if lines}

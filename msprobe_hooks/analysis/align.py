@@ -1,4 +1,4 @@
-"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl`` (DESIGN.md §6, docs/analysis.md).
+"""Pairing training dumps with inference dumps (``msprobe-hooks align``; docs/analysis.md).
 
 Pairs each training prompt-only dump with the inference dump of that prompt's full prefill:
 
@@ -17,47 +17,28 @@ What is not paired is counted by reason, per side.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis import pairs as pairs_file
-from msprobe_hooks.analysis.dumps import DumpUnreadable, check_readable, dump_path, embedding_tokens
+from msprobe_hooks.analysis.dumpfile import DumpFileError, check_readable, dump_path, embedding_tokens
 from msprobe_hooks.analysis.logs import (
-    DISPATCH_LOG,
-    TRAINING_LOG,
     DecodeStep,
     GenRow,
     GenStep,
     TrainDump,
-    find_logs,
     read_dispatch,
     read_training,
 )
+from msprobe_hooks.analysis.pairs import LOG_FORMATS, GenerateSide, JoinRule, Pair, RankRule, TrainSide
+from msprobe_hooks.analysis.results import Unpaired
 from msprobe_hooks.log import logger
 
 BACKENDS = ("fsdp", "megatron")
-
-# Why a dump was not paired, in the order the table lists them.
-REASONS = (
-    "decode only",  # the request (or the step) has no prefill rows
-    "not a full prefill",  # chunked, prefix-cached, or not shown to hold the whole prompt
-    "multi-request step",  # several requests in one dump, not cut to one
-    "not dumped",  # its prefill step was not dumped (msprobe's step filter, GENERATE_FORWARDS)
-    "not prompt-only",  # a training dump holding response tokens too (PROMPTS_ONLY off)
-    "ambiguous hash",  # equal prompts under different ids, or several requests with one prompt
-    "other ranks only",  # Megatron: no generate dump at the training rank
-    "replica",  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
-    "no join key",  # neither a request id nor a prompt hash
-    "dump unreadable",  # its dump.json is missing or unreadable (named on stderr)
-    "no counterpart",  # nothing on the other side carries its key
-)
 # When several dumps of one request each fail, the reason reported is the one nearest to a pair.
-_NEAREST = ("dump unreadable", "not dumped", "multi-request step", "not a full prefill")
+_NEAREST = (Unpaired.DUMP_UNREADABLE, Unpaired.NOT_DUMPED, Unpaired.MULTI_REQUEST, Unpaired.NOT_FULL_PREFILL)
 
 
 @dataclass(frozen=True)
@@ -74,7 +55,7 @@ class _Candidate:
 class Result:
     """What one ``align`` run found."""
 
-    pairs: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[Pair] = field(default_factory=list)
     train_total: int = 0
     generate_total: int = 0
     train_unpaired: Counter = field(default_factory=Counter)
@@ -107,7 +88,7 @@ class Aligner:
         self._readable: set[str] = set()
         self._used: set[tuple[str, int]] = set()
         # Why a generate dump did not pair with the training dump that wanted it.
-        self._refused: dict[tuple[str, int], str] = {}
+        self._refused: dict[tuple[str, int], Unpaired] = {}
         self._paired_requests: set[str] = set()
 
     # --- reading -------------------------------------------------------------------------------
@@ -132,7 +113,7 @@ class Aligner:
             self._seen_hashes.update(step.hashes)
             if step.dumped is not False:
                 self.result.generate_total += 1
-                self.result.generate_unpaired["decode only"] += 1
+                self.result.generate_unpaired[Unpaired.DECODE_ONLY] += 1
             return
         self._prefill_steps.append(step)
         for row in step.rows:
@@ -165,7 +146,7 @@ class Aligner:
             return False
         try:
             check_readable(path)
-        except DumpUnreadable as exc:
+        except DumpFileError as exc:
             self._unreadable.add(path)
             self.warn(str(exc))
             return False
@@ -177,7 +158,7 @@ class Aligner:
         if path not in self._tokens:
             try:
                 self._tokens[path] = embedding_tokens(path)
-            except DumpUnreadable as exc:
+            except DumpFileError as exc:
                 self._tokens[path] = None
                 if path not in self._unreadable:
                     self._unreadable.add(path)
@@ -194,23 +175,23 @@ class Aligner:
             return False  # the dumped count could be any of several rows'
         return self._token_count(self._generate_dump(step)) == row.tokens
 
-    def _verdict(self, candidate: _Candidate, prompt_len: int | None) -> str | None:
+    def _verdict(self, candidate: _Candidate, prompt_len: int | None) -> Unpaired | None:
         """None if ``candidate`` can be paired with a training prompt of ``prompt_len`` tokens, else why not."""
         step, row = candidate.step, candidate.row
         if step.dumped is False:
-            return "not dumped"
+            return Unpaired.NOT_DUMPED
         if row.full is False:
-            return "not a full prefill"
+            return Unpaired.NOT_FULL_PREFILL
         path = self._generate_dump(step)
         if not self._is_readable(path):
-            return "dump unreadable"
+            return Unpaired.DUMP_UNREADABLE
         single = len(step.rows) == 1
         if row.full is None:  # the recipe's log: full when it holds exactly the training prompt
             held = self._token_count(path) if single else row.tokens
             if prompt_len is None or held != prompt_len:
-                return "not a full prefill"
+                return Unpaired.NOT_FULL_PREFILL
         if not single and not self._filtered(step, row):
-            return "multi-request step"
+            return Unpaired.MULTI_REQUEST
         return None
 
     # --- the join ------------------------------------------------------------------------------
@@ -225,40 +206,40 @@ class Aligner:
         per_rank = Counter(c.step.rank for c in candidates)  # id-less rows: one per request and rank
         return not ids and any(n > 1 for n in per_rank.values())
 
-    def _lookup(self, dump: TrainDump) -> tuple[str, str, list[_Candidate]] | str:
+    def _lookup(self, dump: TrainDump) -> tuple[JoinRule, str, list[_Candidate]] | Unpaired:
         """(rule, key, the prefill rows of that key) for one training sample, or why there are none."""
         base = dump.request_base
         if base is not None and base in self._seen_bases:
-            return "request_id", base, self._by_base.get(base, [])
+            return JoinRule.REQUEST_ID, base, self._by_base.get(base, [])
         if dump.prompt_hash is not None and dump.prompt_hash in self._seen_hashes:
             candidates = self._by_hash.get(dump.prompt_hash, [])
             if self._hash_ambiguous(dump, candidates):
-                self._refused.update((c.key, "ambiguous hash") for c in candidates)
-                return "ambiguous hash"
-            return "prompt_hash", dump.prompt_hash, candidates
-        return "no join key" if base is None and dump.prompt_hash is None else "no counterpart"
+                self._refused.update((c.key, Unpaired.AMBIGUOUS_HASH) for c in candidates)
+                return Unpaired.AMBIGUOUS_HASH
+            return JoinRule.PROMPT_HASH, dump.prompt_hash, candidates
+        return Unpaired.NO_JOIN_KEY if base is None and dump.prompt_hash is None else Unpaired.NO_COUNTERPART
 
-    def match(self, dump: TrainDump) -> dict[str, Any] | str:
+    def match(self, dump: TrainDump) -> Pair | Unpaired:
         """The pair of one training dump, or the reason it has none."""
         if dump.samples == 0:
-            return "no join key"
+            return Unpaired.NO_JOIN_KEY
         if dump.samples > 1:
-            return "multi-request step"
+            return Unpaired.MULTI_REQUEST
         if not dump.prompt_only:
-            return "not prompt-only"
+            return Unpaired.NOT_PROMPT_ONLY
         train_path = self._train_dump(dump)
         readable = self._is_readable(train_path)
         found = self._lookup(dump)
         if not readable:  # its counterparts, if any, stay unpaired for the same reason
-            if not isinstance(found, str):
+            if not isinstance(found, Unpaired):
                 for candidate in found[2]:
-                    self._refused.setdefault(candidate.key, "dump unreadable")
-            return "dump unreadable"
-        if isinstance(found, str):
+                    self._refused.setdefault(candidate.key, Unpaired.DUMP_UNREADABLE)
+            return Unpaired.DUMP_UNREADABLE
+        if isinstance(found, Unpaired):
             return found
         rule, key, candidates = found
         if not candidates:
-            return "decode only"  # the key is in the logs, in decode rows only
+            return Unpaired.DECODE_ONLY  # the key is in the logs, in decode rows only
         prompt_len = dump.prompt_len
         if prompt_len is None and any(c.row.full is None for c in candidates):
             prompt_len = self._token_count(train_path)
@@ -274,13 +255,14 @@ class Aligner:
             return next(reason for reason in _NEAREST if reason in failed)
         same = [c for c in good if c.step.rank == dump.rank]
         if same:
-            pool, rank_rule = same, "same"
+            pool, rank_rule = same, RankRule.SAME
         elif self.backend == "fsdp":
             lowest = min(-1 if c.step.rank is None else c.step.rank for c in good)
-            pool, rank_rule = [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest], "fsdp_any"
+            pool = [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest]
+            rank_rule = RankRule.FSDP_ANY
         else:
-            self._refused.update((c.key, "other ranks only") for c in good)
-            return "other ranks only"
+            self._refused.update((c.key, Unpaired.OTHER_RANKS_ONLY) for c in good)
+            return Unpaired.OTHER_RANKS_ONLY
         # A step holding this request alone first, then the earliest.
         chosen = min(pool, key=lambda c: (len(c.step.rows) > 1, c.step.pid or 0, c.step.step))
         self._used.add(chosen.key)
@@ -301,70 +283,70 @@ class Aligner:
         dump: TrainDump,
         train_path: str,
         chosen: _Candidate,
-        rule: str,
+        rule: JoinRule,
         key: str,
-        rank_rule: str,
+        rank_rule: RankRule,
         prompt_len: int | None,
-    ) -> dict[str, Any]:
+    ) -> Pair:
         step, row = chosen.step, chosen.row
-        return {
-            "pair": len(self.result.pairs),
-            "rule": rule,
-            "key": key,
-            "prompt_len": prompt_len,
-            "rank_rule": rank_rule,
-            "train": {
-                "dump": self._path(train_path),
-                "step": dump.step,
-                "rank": dump.rank,
-                "pid": dump.pid,
-                "log": self._path(dump.log),
-                "line": dump.line,
-                "global_step": dump.global_step,
-                "micro_batch": dump.micro_batch,
-                "sample": dump.index,
-                "uid": dump.uid,
-                "request_id": dump.request_id,
-                "format": "recipe" if dump.recipe else "msprobe-hooks",
-            },
-            "generate": {
-                "dump": self._path(self._generate_dump(step)),
-                "step": step.step,
-                "rank": step.rank,
-                "pid": step.pid,
-                "log": self._path(step.log),
-                "line": step.line,
-                "engine": step.engine,
-                "request_id": row.request_id,
-                "filtered": len(step.rows) > 1,
-                "num_requests": len(step.rows),
-                "offset": row.offset,
-                "tokens": row.tokens,
-                "format": "recipe" if step.recipe else "msprobe-hooks",
-            },
-        }
+        return Pair(
+            pair=len(self.result.pairs),
+            rule=rule,
+            key=key,
+            prompt_len=prompt_len,
+            rank_rule=rank_rule,
+            train=TrainSide(
+                dump=self._path(train_path),
+                step=dump.step,
+                rank=dump.rank,
+                pid=dump.pid,
+                log=self._path(dump.log),
+                line=dump.line,
+                global_step=dump.global_step,
+                micro_batch=dump.micro_batch,
+                sample=dump.index,
+                uid=dump.uid,
+                request_id=dump.request_id,
+                format=LOG_FORMATS[dump.recipe],
+            ),
+            generate=GenerateSide(
+                dump=self._path(self._generate_dump(step)),
+                step=step.step,
+                rank=step.rank,
+                pid=step.pid,
+                log=self._path(step.log),
+                line=step.line,
+                engine=step.engine,
+                request_id=row.request_id,
+                filtered=len(step.rows) > 1,
+                num_requests=len(step.rows),
+                offset=row.offset,
+                tokens=row.tokens,
+                format=LOG_FORMATS[step.recipe],
+            ),
+        )
 
     def _generate_reason(self, step: GenStep) -> str:
         refused = self._refused.get((step.log, step.line))
         if refused is not None:
             return refused
         if self._generate_dump(step) in self._unreadable:
-            return "dump unreadable"
+            return Unpaired.DUMP_UNREADABLE
         fulls = [row for row in step.rows if row.full is not False]
         if not fulls:
-            return "not a full prefill"
+            return Unpaired.NOT_FULL_PREFILL
         if len(step.rows) > 1 and not any(self._filtered(step, row) for row in fulls):
-            return "multi-request step"
+            return Unpaired.MULTI_REQUEST
         if any((row.base or row.prompt_hash) in self._paired_requests for row in fulls):
-            return "replica"
-        return "no counterpart"
+            return Unpaired.REPLICA
+        return Unpaired.NO_COUNTERPART
 
     def run(self) -> Result:
         result = self.result
         for dump in self._trains:
             result.train_total += 1
             outcome = self.match(dump)
-            if isinstance(outcome, str):
+            if isinstance(outcome, Unpaired):
                 result.train_unpaired[outcome] += 1
             else:
                 result.pairs.append(outcome)
@@ -375,28 +357,6 @@ class Aligner:
             if (step.log, step.line) not in self._used:
                 result.generate_unpaired[self._generate_reason(step)] += 1
         return result
-
-
-# --- the command -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("train_dir", help="the training dump root (the actor config's dump_path)")
-    parser.add_argument("generate_dir", help="the inference dump root (the generate config's dump_path)")
-    parser.add_argument("-o", "--output", default="pairs.jsonl", help="the pairs file to write (default pairs.jsonl)")
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="fsdp",
-        help="the training engine, for the rank mapping: fsdp (default) pairs with the equal generate rank, "
-        "else the lowest; megatron only with the equal rank",
-    )
-    parser.add_argument(
-        "--generate-config",
-        metavar="CONFIG_JSON",
-        help="the inference msprobe config.json; a request_id in its task section marks packed steps "
-        "holding that request as cut to it",
-    )
 
 
 def config_request_ids(path: str) -> frozenset[str]:
@@ -413,62 +373,3 @@ def config_request_ids(path: str) -> frozenset[str]:
     if value is None:
         return frozenset()
     return frozenset(str(v) for v in (value if isinstance(value, list) else [value]))
-
-
-def unpaired_table(result: Result) -> str:
-    """The unpaired dumps of both sides, by reason, as text."""
-    import pandas as pd
-
-    reasons = [r for r in REASONS if result.train_unpaired[r] or result.generate_unpaired[r]]
-    frame = pd.DataFrame(
-        {
-            "training dumps": [result.train_unpaired[r] for r in reasons],
-            "generate dumps": [result.generate_unpaired[r] for r in reasons],
-        },
-        index=reasons,
-    )
-    return frame.to_string()
-
-
-def run(args: argparse.Namespace) -> int:
-    def fail(message: str) -> int:
-        print(f"msprobe-hooks align: {message}", file=sys.stderr)
-        return 2
-
-    found = {}
-    for name, root, filename, what in (
-        ("TRAIN_DIR", args.train_dir, TRAINING_LOG, "the actor config's dump_path"),
-        ("GENERATE_DIR", args.generate_dir, DISPATCH_LOG, "the generate config's dump_path"),
-    ):
-        if not os.path.isdir(root):
-            return fail(f"{name} {root!r} is not a directory; expected {what}")
-        found[name] = find_logs(root, filename)
-        if not found[name]:
-            return fail(f"{name} {root!r} holds no {{pid}}/{filename}; expected {what}")
-    try:
-        ids = config_request_ids(args.generate_config) if args.generate_config else frozenset()
-    except ValueError as exc:
-        return fail(str(exc))
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    aligner = Aligner(out_dir, args.backend, ids)
-    aligner.read(found["TRAIN_DIR"], found["GENERATE_DIR"])
-    result = aligner.run()
-    os.makedirs(out_dir, exist_ok=True)
-    pairs_file.write(result.pairs, args.output)
-    rules = Counter(pair["rule"] for pair in result.pairs)
-    by_rule = ", ".join(f"{rule}: {rules[rule]}" for rule in pairs_file.RULES if rules[rule])
-    print(
-        f"align: {len(result.pairs)} pairs{f' ({by_rule})' if by_rule else ''} from {result.train_total} "
-        f"training dumps and {result.generate_total} generate dumps -> {args.output}"
-    )
-    if result.train_unpaired or result.generate_unpaired:
-        print("unpaired, by reason:")
-        print(unpaired_table(result))
-    if result.problems:
-        print(f"{result.problems} bad log lines or dump files, each named above on stderr")
-    if not result.pairs:
-        why = ", ".join(f"{n} {reason}" for reason, n in result.train_unpaired.most_common())
-        why = f"of {result.train_total} training dumps: {why}" if why else "the training logs list no dump"
-        print(f"msprobe-hooks align: nothing paired ({why}); docs/analysis.md says what a pair needs", file=sys.stderr)
-        return 1
-    return 0

@@ -1,30 +1,62 @@
-"""Reading msprobe's ``dump.json`` one entry at a time.
+"""Reading msprobe's ``dump.json``: where it is, that it opens, its entries one at a time.
 
 A statistics dump of a large model at level mix runs to hundreds of MB; ``json.load`` would hold
-the whole tree. This reader holds one entry (and a read buffer) at a time: the top-level fields
-(``task``, ``level``, ``dump_data_dir`` …) and each member of ``data`` are decoded separately
-with the standard library's decoder.
+the whole tree. :func:`entries` holds one entry (and a read buffer) at a time: the top-level fields
+(``task``, ``level``, ``dump_data_dir`` …) and each member of ``data`` are decoded separately with
+the standard library's decoder. Every reader here raises :class:`DumpFileError`, naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
+DUMP_FILE = "dump.json"
 CHUNK = 1 << 20  # characters read at a time
 _DECODER = json.JSONDecoder()
 _SPACE = " \t\r\n"
+# The embedding's input holds the token ids: the module (HF/vLLM/SGLang ``embed_tokens``, Megatron
+# ``word_embeddings``, any wrapper prefix) at L0/mix, or the functional call at L1/mix.
+_EMBEDDING_MODULES = frozenset({"embed_tokens", "word_embeddings"})
+_EMBEDDING_API = "Functional.embedding.0.forward"
 
 
 class DumpFileError(ValueError):
-    """A ``dump.json`` that is not the JSON object msprobe writes; the message names the file."""
+    """A ``dump.json`` that is missing, unreadable or not msprobe's JSON; the message names the file."""
+
+
+def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
+    """msprobe's ``{root}/step{N}/rank{R}/dump.json`` (``proc{pid}`` when it knew no rank)."""
+    leaf = f"rank{rank}" if rank is not None or pid is None else f"proc{pid}"
+    return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
+
+
+def _open(path: str, chunk: int = CHUNK) -> _Reader:
+    try:
+        return _Reader(path, chunk)
+    except FileNotFoundError:
+        raise DumpFileError(f"{path}: missing") from None
+    except OSError as exc:
+        raise DumpFileError(f"{path}: unreadable ({exc.strerror})") from None
+
+
+def check_readable(path: str) -> None:
+    """Raise :class:`DumpFileError` unless ``path`` opens and starts as a JSON object."""
+    reader = _open(path, 64)
+    try:
+        reader.expect("{")
+    finally:
+        reader.handle.close()
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, chunk: int) -> None:
         self.path = path
-        self.handle = open(path, encoding="utf-8")  # noqa: SIM115 -- closed by entries()
+        self.chunk = chunk
+        self.handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 -- closed by its callers
         self.buffer = ""
         self.pos = 0
         self.eof = False
@@ -32,11 +64,14 @@ class _Reader:
     def _more(self) -> bool:
         if self.eof:
             return False
-        chunk = self.handle.read(CHUNK)
-        if not chunk:
+        try:
+            piece = self.handle.read(self.chunk)
+        except OSError as exc:
+            raise DumpFileError(f"{self.path}: unreadable ({exc.strerror})") from None
+        if not piece:
             self.eof = True
             return False
-        self.buffer = self.buffer[self.pos :] + chunk
+        self.buffer = self.buffer[self.pos :] + piece
         self.pos = 0
         return True
 
@@ -80,9 +115,9 @@ class _Reader:
             self._more()
 
 
-def entries(path: str) -> Iterator[tuple[str, Any, bool]]:
+def entries(path: str, chunk: int = CHUNK) -> Iterator[tuple[str, Any, bool]]:
     """``(key, value, is_data_entry)``: top-level fields (False) and each ``data`` member (True), in file order."""
-    reader = _Reader(path)
+    reader = _open(path, chunk)
     try:
         reader.expect("{")
         if reader.peek() == "}":
@@ -106,3 +141,26 @@ def entries(path: str) -> Iterator[tuple[str, Any, bool]]:
                 return
     finally:
         reader.handle.close()
+
+
+def embedding_tokens(path: str) -> int | None:
+    """How many tokens the dump's embedding input holds (None: the dump has no embedding entry).
+
+    Training dumps ``[1, T]``, vLLM/SGLang ``[T]``: the product of the shape either way. With
+    msprobe's ``request_id`` filter it is that one request's token count. msprobe writes entries in
+    call order, so the embedding is among the first: the file is read only up to it.
+    """
+    for name, entry, is_entry in entries(path, 1 << 16):
+        if is_entry and (name == _EMBEDDING_API or (name.startswith("Module.") and _is_embedding_module(name))):
+            try:
+                return math.prod(int(n) for n in entry["input_args"][0]["shape"])
+            except (KeyError, IndexError, TypeError, ValueError):
+                return None
+    return None
+
+
+def _is_embedding_module(name: str) -> bool:
+    """``Module.<path>.embed_tokens.<Class>.forward.0``: the module's first call (its class right after it)."""
+    head, _, call = name.rpartition(".forward.")
+    segments = head.split(".")
+    return call == "0" and len(segments) >= 3 and segments[-2] in _EMBEDDING_MODULES

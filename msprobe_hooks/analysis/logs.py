@@ -1,11 +1,11 @@
 """Reading the two logs ``align`` joins, one line at a time.
 
-* training: ``{actor dump_path}/{pid}/update_actor_log.jsonl``, one line per dumped micro-batch
-  (:mod:`msprobe_hooks.training.actor_dump`), or the published recipe's lines, which carry only
-  ``request_ids``/``num_requests``;
-* inference: ``{generate dump_path}/{pid}/dispatch_log.jsonl``, one line per model step
-  (:mod:`msprobe_hooks.inference.dispatch_log`), or the recipe's DispatchLogger lines (``phase`` and rows of
-  ``request_id``/``type``/``tokens``).
+* training: ``{actor dump_path}/{pid}/update_actor_log.jsonl``, one line per dumped micro-batch, or
+  the published recipe's lines, which carry only ``request_ids``/``num_requests``;
+* inference: ``{generate dump_path}/{pid}/dispatch_log.jsonl``, one line per model step, or the
+  recipe's DispatchLogger lines (``phase`` and rows of ``request_id``/``type``/``tokens``).
+
+(File names: :mod:`msprobe_hooks.join_keys`.)
 
 A line that is not a usable record (not JSON, truncated, no integer ``step``) is reported with its
 file and line number through ``warn`` and skipped; the rest of the file is still read.
@@ -20,13 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from msprobe_hooks.inference import dispatch_log
-from msprobe_hooks.join_keys import strip_vllm_suffix
-from msprobe_hooks.training import actor_dump
+from msprobe_hooks.join_keys import DISPATCH_SOURCE, strip_vllm_suffix
 
 Warn = Callable[[str], None]
-TRAINING_LOG = actor_dump.LOG_FILENAME
-DISPATCH_LOG = dispatch_log.FILENAME
 
 # Field names other writers use for what our logs call the first name (the recipe's DispatchLogger,
 # the inference notes' proposed schema, Fully Async's top-level request ids).
@@ -271,7 +267,7 @@ class DecodeStep(NamedTuple):
 
 # Our own lines, as JsonlLog writes them (compact separators, fields in dispatch_log.step_line's order):
 # one without a prefill row is read by a scan instead of json.loads, 2-3 times faster.
-_OUR_LINE = json.dumps({"source": dispatch_log.SOURCE, "engine": None}, separators=(",", ":"))[:-5]
+_OUR_LINE = json.dumps({"source": DISPATCH_SOURCE, "engine": None}, separators=(",", ":"))[:-5]
 _BASE = re.compile(r'"request_id_base":"([^"\\]*(?:\\.[^"\\]*)*)"')  # a JSON string, escapes and all
 _HASH = re.compile(r'"prompt_hash":"([0-9a-f]*)"')
 

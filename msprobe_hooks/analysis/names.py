@@ -1,25 +1,15 @@
 """Which dumped tensor of a training engine is which dumped tensor of an inference engine.
 
-Every ``Module.*`` entry of a ``dump.json`` is parsed into a module path (wrapper segments
-dropped) and mapped to canonical keys ``(module, io)``: ``("layers.1.mlp.down_proj", "output")``.
-Two tensors with the same key, one per side, are the same quantity; a tensor that has no
-counterpart by construction gets a reason instead of a key. The mapping is the measured one of
-``reference/train-vs-vllm-dumps.md`` (FSDP2 training dumps against vLLM 0.32 dumps):
+Every ``Module.*`` entry of a ``dump.json`` is parsed into a module path (wrapper segments dropped)
+and mapped to canonical keys ``(module, io)``: ``("layers.1.mlp.down_proj", "output")``. Two tensors
+with the same key, one per side, are the same quantity; a tensor with no counterpart by construction
+gets a reason instead of a key.
 
-* training names: HF paths, under FSDP1 with ``_fsdp_wrapped_module.`` segments, under FSDP2
-  plain; Megatron's ``decoder.layers.N.self_attention.linear_qkv`` … (mapped as msprobe's own
-  Megatron map does; not measured on real Megatron dumps here);
-* inference names: vLLM's and SGLang's ``qkv_proj``, ``gate_up_proj``, ``attn``, ``rotary_emb``,
-  ``logits_processor``;
-* separate q/k/v (gate/up) projections are parts of one fused key, combined exactly
-  (:func:`statistics.fuse`);
-* a norm with two outputs is vLLM's fused-residual RMSNorm: ``(x, residual) -> (y, x + residual)``;
-  output 0 is the norm's output, output 1 the residual stream, i.e. the training norm's input 0 and
-  the previous decoder layer's output;
-* a decoder layer that returns ``(mlp_out, residual)`` has no single output to compare: the stream
-  is their sum and is compared at the next norm's output 1;
-* the whole decoder stack (``model``, SGLang's ``Qwen2Model``) is dumped on the inference side
-  only: msprobe skips a model's first child under verl; its output is the final norm's.
+The correspondence itself is data: the rules of ``name_map.yaml`` (shipped), extended or overridden
+by a user's file (``compare --mapping``). A rule names a canonical module, the dumped names it covers
+and how its tensors compare (:data:`KINDS`); this module only applies them. The built-in rules are the
+measured ones of ``reference/train-vs-vllm-dumps.md`` (FSDP2 against vLLM 0.32 and SGLang 0.5.21) and
+Megatron's names (``reference/real-megatron-cpu.md``).
 
 Entries that are not ``Module.<path>.<Class>.forward.<n>`` (msprobe's API rows at level mix,
 backward rows) are classified, never mapped.
@@ -27,86 +17,27 @@ backward rows) are classified, never mapped.
 
 from __future__ import annotations
 
+import functools
+import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 # Path segments that wrap a module without changing what it computes.
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "module"})
 API_PREFIXES = ("Functional.", "Tensor.", "Torch.", "VF.", "Distributed.", "NPU.", "Triton.", "Aten.")
-
-QKV, GATE_UP = "self_attn.qkv_proj", "mlp.gate_up_proj"
-# A module path inside ``layers.N.`` -> (canonical path inside the layer, part index in a fused key).
-IN_LAYER: dict[str, tuple[str, int | None]] = {
-    "self_attn.q_proj": (QKV, 0),
-    "self_attn.k_proj": (QKV, 1),
-    "self_attn.v_proj": (QKV, 2),
-    "self_attn.qkv_proj": (QKV, None),
-    "self_attention.linear_qkv": (QKV, None),
-    "self_attn.o_proj": ("self_attn.o_proj", None),
-    "self_attention.linear_proj": ("self_attn.o_proj", None),
-    "self_attn.attn": ("self_attn.attn", None),
-    "self_attention.core_attention": ("self_attn.attn", None),
-    "self_attn": ("self_attn", None),
-    "self_attention": ("self_attn", None),
-    "self_attn.rotary_emb": ("rotary_emb", None),
-    "input_layernorm": ("input_layernorm", None),
-    "post_attention_layernorm": ("post_attention_layernorm", None),
-    "pre_mlp_layernorm": ("post_attention_layernorm", None),
-    "mlp.gate_proj": (GATE_UP, 0),
-    "mlp.up_proj": (GATE_UP, 1),
-    "mlp.gate_up_proj": (GATE_UP, None),
-    "mlp.linear_fc1": (GATE_UP, None),
-    "mlp.act_fn": ("mlp.act_fn", None),
-    "mlp.down_proj": ("mlp.down_proj", None),
-    "mlp.linear_fc2": ("mlp.down_proj", None),
-    "mlp": ("mlp", None),
-    "": ("", None),
-}
-# How many parts a fused key has when the training side dumps them apart.
-FUSED_PARTS = {QKV: 3, GATE_UP: 2}
-# The last path segment of a module outside the decoder layers -> canonical name.
-OUTSIDE_LAYERS = {
-    "embed_tokens": "embed_tokens",
-    "word_embeddings": "embed_tokens",
-    "norm": "norm",
-    "final_layernorm": "norm",
-    "rotary_emb": "rotary_emb",
-    "rotary_pos_emb": "rotary_emb",
-    "lm_head": "lm_head",
-    "output_layer": "lm_head",
-    "logits_processor": "lm_head",
-    "model": "model",
-}
-NORMS = ("input_layernorm", "post_attention_layernorm", "norm")
-# Canonical modules none of whose tensors has a counterpart, and why (a key of REASONS).
-NO_COUNTERPART = {"rotary_emb": "rotary", "lm_head": "head", "model": "whole_model"}
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.(.*))?$")
+BUILTIN_MAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "name_map.yaml")
 # Placeholder for "the last decoder layer", resolved once a whole dump has been read.
 LAST_LAYER = -1
 
-REASONS = {
-    "rotary": "rotary embedding: the training model returns (cos, sin) once, the inference engine rotates q and k "
-    "per layer (one shared module, call counter = layer)",
-    "head": "logits: msprobe skips lm_head under verl, and the inference engine computes the last token only",
-    "whole_model": "the whole decoder stack: msprobe skips it on the training side under verl (a model's first "
-    "child); its output is the final norm's output, compared there",
-    "parameter": "parameter: inference engines prepack or shard weights (vLLM CPU leaves .weight empty); "
-    "a weight change shows in the activations",
-    "fused_norm_input": "fused-residual norm input: the sublayer output and the residual apart; the stream is output 1",
-    "layer_split_output": "(sublayer output, residual) apart: the stream is their sum, compared at the next norm's "
-    "output 1",
-    "layer_input": "the stream entering the layer: compared as its input_layernorm input",
-    "part_input": "the same tensor as the first projection's input (compared as the fused input)",
-    "attn_input": "rotated q, k, v: the training side rotates inside attention, no module sees them",
-    "attn_weights": "attention weights: only the training side returns them",
-    "gate_activation": "the activation of the gate alone; the inference engine fuses silu(gate)*up "
-    "(compared as down_proj input)",
-    "act_input": "the gate_up_proj output, compared there",
-    "extra_input": "not an activation of the model (positions, masks, caches)",
-    "bias_output": "bias returned apart",
-}
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_RULE_FIELDS = frozenset({"module", "names", "parts", "compare", "reason", "stream", "also", "classes"})
+_STREAMS = ("previous_layer", "last_layer")
+
+
+class MappingError(ValueError):
+    """A name-map file (built-in or ``--mapping``) that is not a valid rule table; the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -145,16 +76,186 @@ def parse(name: str) -> ModuleName | None:
     return ModuleName(raw=name, path=".".join(path), cls=parts[-3], call=int(parts[-1]))
 
 
-def canonical(name: ModuleName) -> tuple[str, int | None]:
-    """The canonical module path (``layers.1.self_attn.qkv_proj``) and the part index in a fused key."""
-    match = _LAYER.search(name.path)
-    if match:
-        inner, part = IN_LAYER.get(match.group(2) or "", (match.group(2) or "", None))
-        if inner == "rotary_emb":
-            return "rotary_emb", None
-        return f"layers.{match.group(1)}" + (f".{inner}" if inner else ""), part
-    last = name.path.rsplit(".", 1)[-1]
-    return OUTSIDE_LAYERS.get(last, name.path), None
+# --- the rule table ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the name map: a canonical module, the names it covers, how it is compared."""
+
+    module: str  # canonical path, with {layer}
+    names: tuple[str, ...]
+    compare: str = "one_to_one"
+    parts: tuple[str, ...] = ()
+    reason: str | None = None  # not_comparable: the text
+    stream: str | None = None  # norm: whose output its output 1 also is
+    also: tuple[tuple[str, str, str], ...] = ()  # (own io, canonical module, io)
+    classes: frozenset[str] = frozenset()
+    source: str = ""  # the file it came from
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    regex: re.Pattern[str]
+    segments: int
+    rule: Rule
+    part: int | None  # index in the rule's fused parts; None: the rule's own name
+
+
+class NameMap:
+    """The rules in force: a user's first (by module: a user rule replaces the built-in one), then the built-in."""
+
+    def __init__(self, rules: Iterable[Rule], reasons: Mapping[str, str]) -> None:
+        self.rules = tuple(rules)
+        self.reasons = dict(reasons)
+        by_last: dict[str, list[_Pattern]] = {}
+        for rule in self.rules:
+            for part, pattern in [(None, name) for name in rule.names] + list(enumerate(rule.parts)):
+                segments = pattern.split(".")
+                compiled = _Pattern(_compile(segments), len(segments), rule, part)
+                last = segments[-1] if "{" not in segments[-1] else "*"  # a layer number: any last segment
+                by_last.setdefault(last, []).append(compiled)
+        self._by_last = by_last
+        self._found: dict[tuple[str, str], tuple[Rule, int | None, int | None] | None] = {}
+        self._fused = [(_compile(rule.module.split(".")), len(rule.parts)) for rule in self.rules if rule.parts]
+
+    def lookup(self, path: str, cls: str) -> tuple[Rule, int | None, int | None] | None:
+        """(rule, part, layer) of the first rule covering ``path`` (a module of class ``cls``), or None."""
+        key = (path, cls)
+        if key not in self._found:  # a dump repeats its paths per layer and call; pairs repeat them all
+            self._found[key] = self._search(path, cls)
+        return self._found[key]
+
+    def _search(self, path: str, cls: str) -> tuple[Rule, int | None, int | None] | None:
+        candidates = self._by_last.get(path.rsplit(".", 1)[-1], []) + self._by_last.get("*", [])
+        # The longest pattern first, a rule naming classes before one that does not, then table order
+        # (a user's rules come first): sorted() is stable.
+        for pattern in sorted(candidates, key=lambda p: (-p.segments, not p.rule.classes)):
+            if pattern.rule.classes and cls not in pattern.rule.classes:
+                continue
+            match = pattern.regex.search(path)
+            if match:
+                layer = match.groupdict().get("layer")
+                return pattern.rule, pattern.part, None if layer is None else int(layer)
+        return None
+
+    def canonical(self, name: ModuleName) -> tuple[str, int | None]:
+        """The canonical module path (``layers.1.self_attn.qkv_proj``) and the part index in a fused key."""
+        found = self.lookup(name.path, name.cls)
+        if found is None:
+            return _unruled(name.path), None
+        rule, part, layer = found
+        return _instantiate(rule.module, layer), part
+
+    def parts_of(self, module: str) -> int | None:
+        """How many parts the training side dumps a fused canonical module as (``layers.3.self_attn.qkv_proj``: 3)."""
+        return next((count for regex, count in self._fused if regex.fullmatch(module)), None)
+
+    def reason(self, key_or_text: str) -> str:
+        """The sentence of a reason key (a rule's own sentence stays as it is)."""
+        return self.reasons.get(key_or_text, key_or_text)
+
+
+def _compile(segments: list[str]) -> re.Pattern[str]:
+    pieces = []
+    for segment in segments:
+        if segment == "*":
+            pieces.append(r"[^.]+")
+        elif "{layer}" in segment:
+            before, _, after = segment.partition("{layer}")
+            pieces.append(re.escape(before) + r"(?P<layer>\d+)" + re.escape(after))
+        else:
+            pieces.append(re.escape(segment))
+    return re.compile(r"(?:^|\.)" + r"\.".join(pieces) + "$")
+
+
+def _instantiate(template: str, layer: int | None) -> str:
+    return template.replace("{layer}", str(layer)) if layer is not None else template
+
+
+def _unruled(path: str) -> str:
+    """A module no rule covers keeps its path, from ``layers.N`` on when inside a decoder layer."""
+    match = _LAYER.search(path)
+    return path[match.start() + (1 if path[match.start()] == "." else 0) :] if match else path
+
+
+def _rule(raw: Any, where: str, reasons: Mapping[str, str]) -> Rule:
+    if not isinstance(raw, dict) or not isinstance(raw.get("module"), str) or not raw["module"]:
+        raise MappingError(f"{where}: each rule is a mapping with a module (a canonical path)")
+    unknown = set(raw) - _RULE_FIELDS
+    if unknown:
+        raise MappingError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; accepted: {sorted(_RULE_FIELDS)}")
+
+    def strings(name: str, default: list[str]) -> tuple[str, ...]:
+        value = raw.get(name, default)
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise MappingError(f"{where}: {name} must be a list of module paths")
+        return tuple(value)
+
+    compare = raw.get("compare", "one_to_one")
+    if compare not in KINDS:
+        raise MappingError(f"{where}: compare: {compare!r}; accepted: {', '.join(KINDS)}")
+    reason = raw.get("reason")
+    if compare == "not_comparable" and not isinstance(reason, str):
+        raise MappingError(f"{where}: a not_comparable rule needs a reason (a key of reasons, or a sentence)")
+    stream = raw.get("stream")
+    if stream is not None and stream not in _STREAMS:
+        raise MappingError(f"{where}: stream: {stream!r}; accepted: {', '.join(_STREAMS)}")
+    also = []
+    for io, target in (raw.get("also") or {}).items():
+        module, _, target_io = str(target).rpartition(" ")
+        if io not in ("input", "output") or not module or target_io not in ("input", "output"):
+            raise MappingError(
+                f"{where}: also: {io}: {target!r}; expected input|output: 'canonical_module input|output'"
+            )
+        also.append((io, module, target_io))
+    return Rule(
+        module=raw["module"],
+        names=strings("names", [raw["module"]]),
+        compare=compare,
+        parts=strings("parts", []),
+        reason=None if reason is None else reasons.get(reason, reason),
+        stream=stream,
+        also=tuple(also),
+        classes=frozenset(strings("classes", [])),
+        source=where,
+    )
+
+
+def read_rules(path: str, reasons: Mapping[str, str] | None = None) -> tuple[list[Rule], dict[str, str]]:
+    """The rules and reasons of one name-map file (YAML or JSON); MappingError names what is wrong."""
+    import yaml  # JSON is YAML: one reader for both
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise MappingError(f"{path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise MappingError(f"{path}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rules", []), list):
+        raise MappingError(f"{path}: expected a mapping with a rules list (and optionally reasons)")
+    own = data.get("reasons") or {}
+    if not isinstance(own, dict):
+        raise MappingError(f"{path}: reasons must map a key to a sentence")
+    known = {**(reasons or {}), **{str(k): str(v) for k, v in own.items()}}
+    rules = [_rule(raw, f"{path}: rule {i + 1}", known) for i, raw in enumerate(data.get("rules") or [])]
+    return rules, known
+
+
+@functools.lru_cache(maxsize=8)
+def load(mapping: str | None = None) -> NameMap:
+    """The built-in table, with the rules of the file ``mapping`` (a user's) taking precedence."""
+    rules, reasons = read_rules(BUILTIN_MAP)
+    if mapping is None:
+        return NameMap(rules, reasons)
+    mine, reasons = read_rules(mapping, reasons)
+    replaced = {rule.module for rule in mine}
+    return NameMap(mine + [rule for rule in rules if rule.module not in replaced], reasons)
+
+
+# --- one entry's tensors ------------------------------------------------------------------------
 
 
 @dataclass
@@ -182,104 +283,153 @@ def _is_float(tensor: Mapping[str, Any]) -> bool:
     return "float" in str(tensor.get("dtype", "")) or "bfloat" in str(tensor.get("dtype", ""))
 
 
-def map_entry(name: ModuleName, entry: Mapping[str, Any]) -> Iterator[Mapped]:
-    """Every tensor of one module entry, mapped (see the module docstring for the rules)."""
-    module, part = canonical(name)
-    inputs = _tensors(entry.get("input_args"), "input")
-    kwargs = [(f"input_kwargs.{k}", v) for k, v in (entry.get("input_kwargs") or {}).items() if _is_tensor(v)]
-    outputs = _tensors(entry.get("output"), "output")
+@dataclass
+class _Entry:
+    """What a kind of comparison is handed: the entry's tensors and where its keys go."""
+
+    table: NameMap
+    rule: Rule | None
+    module: str
+    layer: int | None
+    part: int | None
+    inputs: list[tuple[str, dict]]
+    kwargs: list[tuple[str, dict]]
+    outputs: list[tuple[str, dict]]
+
+    def none(self, items: list[tuple[str, dict]], reason: str) -> Iterator[Mapped]:
+        text = self.table.reason(reason)
+        for label, tensor in items:
+            yield Mapped(label, tensor, reason=text)
+
+    def keys(self, io: str) -> list[tuple[str, str]]:
+        """(module, io) and the aliases the rule gives that tensor."""
+        keys = [(self.module, io)]
+        if self.rule is not None:
+            keys += [(_instantiate(m, self.layer), target) for own, m, target in self.rule.also if own == io]
+        return keys
+
+
+def _one_to_one(e: _Entry) -> Iterator[Mapped]:
+    """Input 0 and output 0; the other inputs are not activations, the other outputs biases."""
+    if e.part is not None:  # one projection of a fused key (q of qkv, gate of gate_up)
+        if e.outputs:
+            yield Mapped(*e.outputs[0], keys=[(e.module, "output")], part=e.part)
+        yield from e.none(e.outputs[1:], "bias_output")
+        if e.inputs and e.part == 0:
+            yield Mapped(*e.inputs[0], keys=[(e.module, "input")])
+        elif e.inputs:
+            yield Mapped(*e.inputs[0], reason=e.table.reason("part_input"))
+        yield from e.none(e.inputs[1:] + e.kwargs, "extra_input")
+        return
+    if e.inputs:
+        yield Mapped(*e.inputs[0], keys=e.keys("input"))
+    yield from e.none(e.inputs[1:] + e.kwargs, "extra_input")
+    if e.outputs:
+        yield Mapped(*e.outputs[0], keys=e.keys("output"))
+    yield from e.none(e.outputs[1:], "bias_output")
+
+
+def _norm(e: _Entry) -> Iterator[Mapped]:
+    """vLLM/SGLang fuse the residual add: ``(x, residual) -> (y, x + residual)``; output 1 is the stream."""
+    if len(e.outputs) < 2:
+        yield from _one_to_one(e)
+        return
+    yield Mapped(*e.outputs[0], keys=[(e.module, "output")])
+    stream = [(e.module, "input")]
+    if e.rule is not None and e.rule.stream == "previous_layer" and e.layer:
+        stream.append((f"layers.{e.layer - 1}", "output"))
+    elif e.rule is not None and e.rule.stream == "last_layer":
+        stream.append((f"layers.{LAST_LAYER}", "output"))
+    yield Mapped(*e.outputs[1], keys=stream)
+    yield from e.none(e.outputs[2:], "extra_input")
+    yield from e.none(e.inputs + e.kwargs, "fused_norm_input")
+
+
+def _decoder_layer(e: _Entry) -> Iterator[Mapped]:
+    if len(e.outputs) >= 2 and e.outputs[1][1].get("shape") == e.outputs[0][1].get("shape"):
+        yield from e.none(e.outputs, "layer_split_output")
+    else:
+        if e.outputs:
+            yield Mapped(*e.outputs[0], keys=[(e.module, "output")])
+        yield from e.none(e.outputs[1:], "extra_input")
+    yield from e.none(e.inputs + e.kwargs, "layer_input")
+
+
+def _attention(e: _Entry) -> Iterator[Mapped]:
+    if e.outputs:
+        yield Mapped(*e.outputs[0], keys=[(e.module, "output")])
+    yield from e.none(e.inputs + e.kwargs, "attn_input")
+
+
+def _activation(e: _Entry) -> Iterator[Mapped]:
+    inputs, outputs = e.inputs, e.outputs
+    fused = inputs and outputs and inputs[0][1].get("shape", [0])[-1:] != outputs[0][1].get("shape", [0])[-1:]
+    if not fused:
+        yield from e.none(inputs + outputs, "gate_activation")
+        return
+    yield Mapped(*outputs[0], keys=[(e.module, "output")])
+    yield from e.none(inputs, "act_input")
+
+
+def _attention_block(e: _Entry) -> Iterator[Mapped]:
+    hidden = [item for item in e.kwargs if item[0] == "input_kwargs.hidden_states"]
+    hidden = hidden or [item for item in e.inputs if _is_float(item[1])][:1]
+    if hidden:
+        yield Mapped(*hidden[0], keys=[(e.module, "input")])
+    yield from e.none([i for i in e.inputs + e.kwargs if i not in hidden], "extra_input")
+    if e.outputs:
+        yield Mapped(*e.outputs[0], keys=[(e.module, "output")])
+    yield from e.none(e.outputs[1:], "attn_weights")
+
+
+def _router(e: _Entry) -> Iterator[Mapped]:
+    if e.inputs:
+        yield Mapped(*e.inputs[0], keys=[(e.module, "input")])
+    yield from e.none(e.inputs[1:] + e.kwargs, "extra_input")
+    if e.outputs:
+        yield Mapped(*e.outputs[0], keys=[(e.module, "output")])
+    yield from e.none(e.outputs[1:], "routing")
+
+
+def _not_comparable(e: _Entry) -> Iterator[Mapped]:
+    assert e.rule is not None and e.rule.reason is not None
+    yield from e.none(e.inputs + e.kwargs + e.outputs, e.rule.reason)
+
+
+def _same_name(e: _Entry) -> Iterator[Mapped]:
+    """No rule: matched by identical path and tensor label only."""
+    for label, tensor in e.inputs + e.kwargs + e.outputs:
+        yield Mapped(label, tensor, keys=[(e.module, label)])
+
+
+KINDS: dict[str, Callable[[_Entry], Iterator[Mapped]]] = {
+    "one_to_one": _one_to_one,
+    "norm": _norm,
+    "decoder_layer": _decoder_layer,
+    "attention": _attention,
+    "attention_block": _attention_block,
+    "activation": _activation,
+    "router": _router,
+    "not_comparable": _not_comparable,
+}
+
+
+def map_entry(name: ModuleName, entry: Mapping[str, Any], table: NameMap | None = None) -> Iterator[Mapped]:
+    """Every tensor of one module entry, mapped by the rule covering it (``table``: the built-in map)."""
+    table = table or load()
+    found = table.lookup(name.path, name.cls)
+    rule, part, layer = found if found is not None else (None, None, name.layer)
     for pname, tensor in (entry.get("parameters") or {}).items():
         if _is_tensor(tensor):
-            yield Mapped(f"parameters.{pname}", tensor, reason=REASONS["parameter"])
-
-    def none(items: list[tuple[str, dict]], reason: str) -> Iterator[Mapped]:
-        for label, tensor in items:
-            yield Mapped(label, tensor, reason=REASONS[reason])
-
-    leaf = module.split(".")[-1] if module.startswith("layers.") else module
-    layer = name.layer
-    if module in NO_COUNTERPART:
-        yield from none(inputs + kwargs + outputs, NO_COUNTERPART[module])
-        return
-    if leaf in NORMS:
-        if len(outputs) >= 2:  # vLLM/SGLang fused residual: (x, residual) -> (y, x + residual)
-            yield Mapped(*outputs[0], keys=[(module, "output")])
-            stream = [(module, "input")]
-            if leaf == "input_layernorm" and layer:
-                stream.append((f"layers.{layer - 1}", "output"))
-            elif module == "norm":
-                stream.append((f"layers.{LAST_LAYER}", "output"))
-            yield Mapped(*outputs[1], keys=stream)
-            yield from none(outputs[2:], "extra_input")
-            yield from none(inputs + kwargs, "fused_norm_input")
-            return
-        yield from _plain(module, inputs, kwargs, outputs)
-        return
-    if module.startswith("layers.") and module.count(".") == 1:  # the decoder layer itself
-        if len(outputs) >= 2 and outputs[1][1].get("shape") == outputs[0][1].get("shape"):
-            yield from none(outputs, "layer_split_output")
-        else:
-            if outputs:
-                yield Mapped(*outputs[0], keys=[(module, "output")])
-            yield from none(outputs[1:], "extra_input")
-        yield from none(inputs + kwargs, "layer_input")
-        return
-    if part is not None:  # one projection of a fused key
-        if outputs:
-            yield Mapped(*outputs[0], keys=[(module, "output")], part=part)
-        yield from none(outputs[1:], "bias_output")
-        if inputs and part == 0:
-            yield Mapped(*inputs[0], keys=[(module, "input")])
-        elif inputs:
-            yield Mapped(*inputs[0], reason=REASONS["part_input"])
-        yield from none(inputs[1:] + kwargs, "extra_input")
-        return
-    if leaf == "attn":
-        if outputs:
-            yield Mapped(*outputs[0], keys=[(module, "output")])
-        yield from none(inputs + kwargs, "attn_input")
-        return
-    if leaf == "act_fn":
-        fused = inputs and outputs and inputs[0][1].get("shape", [0])[-1:] != outputs[0][1].get("shape", [0])[-1:]
-        if not fused:
-            yield from none(inputs + outputs, "gate_activation")
-            return
-        yield Mapped(*outputs[0], keys=[(module, "output")])
-        yield from none(inputs, "act_input")
-        return
-    if leaf == "self_attn":
-        hidden = [item for item in kwargs if item[0] == "input_kwargs.hidden_states"]
-        hidden = hidden or [item for item in inputs if _is_float(item[1])][:1]
-        if hidden:
-            yield Mapped(*hidden[0], keys=[(module, "input")])
-        yield from none([i for i in inputs + kwargs if i not in hidden], "extra_input")
-        if outputs:
-            yield Mapped(*outputs[0], keys=[(module, "output")])
-        yield from none(outputs[1:], "attn_weights")
-        return
-    aliases = {
-        "o_proj": (f"layers.{layer}.self_attn.attn", "output"),
-        "down_proj": (f"layers.{layer}.mlp.act_fn", "output"),
-    }
-    if leaf in aliases and inputs:  # the linear's input is the sublayer's output that inference engines dump apart
-        yield Mapped(*inputs[0], keys=[(module, "input"), aliases[leaf]])
-        yield from _plain(module, inputs[1:], kwargs, outputs, first_input=False)
-        return
-    yield from _plain(module, inputs, kwargs, outputs)
-
-
-def _plain(module: str, inputs: list, kwargs: list, outputs: list, first_input: bool = True) -> Iterator[Mapped]:
-    """Input 0 and output 0 as ``input``/``output``; a known module's other tensors are not activations."""
-    known = module in ("embed_tokens", "norm") or module.startswith("layers.")
-    if not known:  # a module the map does not know: matched by identical path and position only
-        for label, tensor in inputs + kwargs + outputs:
-            yield Mapped(label, tensor, keys=[(module, label)])
-        return
-    if first_input and inputs:
-        yield Mapped(*inputs[0], keys=[(module, "input")])
-    for label, tensor in (inputs[1:] if first_input else inputs) + kwargs:
-        yield Mapped(label, tensor, reason=REASONS["extra_input"])
-    if outputs:
-        yield Mapped(*outputs[0], keys=[(module, "output")])
-    for label, tensor in outputs[1:]:
-        yield Mapped(label, tensor, reason=REASONS["bias_output"])
+            yield Mapped(f"parameters.{pname}", tensor, reason=table.reason("parameter"))
+    mapped = _Entry(
+        table=table,
+        rule=rule,
+        module=_instantiate(rule.module, layer) if rule is not None else _unruled(name.path),
+        layer=layer,
+        part=part,
+        inputs=_tensors(entry.get("input_args"), "input"),
+        kwargs=[(f"input_kwargs.{k}", v) for k, v in (entry.get("input_kwargs") or {}).items() if _is_tensor(v)],
+        outputs=_tensors(entry.get("output"), "output"),
+    )
+    yield from (KINDS[rule.compare] if rule is not None else _same_name)(mapped)

@@ -1,34 +1,138 @@
 """The ``pairs.jsonl`` file that ``align`` writes and ``compare`` reads: one schema, here.
 
-One line per pair::
+One line per pair, every field shown::
 
-    {"pair": 0, "rule": "request_id", "key": "job-3", "prompt_len": 12,
-     "train":    {"dump": "...dump.json", "step": 3, "rank": 0, "pid": 811, "log": "...jsonl",
-                  "global_step": 1, "micro_batch": 0, "sample": 0, "uid": "u-3", "request_id": "job-3"},
-     "generate": {"dump": "...dump.json", "step": 0, "rank": 0, "pid": 912, "log": "...jsonl",
-                  "engine": "vllm", "request_id": "job-3-1a2b3c4d", "filtered": false}}
+    {"pair": 0, "rule": "request_id", "key": "job-3", "prompt_len": 12, "rank_rule": "same",
+     "train":    {"dump": "...dump.json", "step": 3, "rank": 0, "pid": 811, "log": "...jsonl", "line": 4,
+                  "global_step": 1, "micro_batch": 0, "sample": 0, "uid": "u-3", "request_id": "job-3",
+                  "format": "msprobe-hooks"},
+     "generate": {"dump": "...dump.json", "step": 0, "rank": 0, "pid": 912, "log": "...jsonl", "line": 1,
+                  "engine": "vllm", "request_id": "job-3-1a2b3c4d", "filtered": false, "num_requests": 1,
+                  "offset": 0, "tokens": 12, "format": "msprobe-hooks"}}
 
-``rule`` says what joined the two sides (``request_id``: the engine's suffix stripped, both sides
-carried it; ``prompt_hash``: the hash of the prompt token ids), ``key`` the value it joined on.
-``filtered`` is true when the inference step packed several requests and msprobe's
-``request_id`` filter cut the dump to this one. Paths are absolute, or relative to the folder of
-the pairs file (so a pairs file edited by hand, or moved with its dump trees, still resolves).
-Unknown fields are kept: a newer ``align`` may add some.
+``rule`` says what joined the two sides (:class:`JoinRule`), ``key`` the value it joined on,
+``rank_rule`` how the generate rank was chosen (:class:`RankRule`). ``filtered`` is true when the
+inference step packed several requests and msprobe's ``request_id`` filter cut the dump to this one;
+``offset``/``tokens`` are the request's rows in that step. ``line`` is the log line each side came
+from, ``format`` whose log it was (``msprobe-hooks`` or the published ``recipe``). Paths are absolute,
+or relative to the folder of the pairs file (so a pairs file edited by hand, or moved with its dump
+trees, still resolves). Unknown fields are kept: a newer ``align`` may add some.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-RULES = ("request_id", "prompt_hash")
+from msprobe_hooks.analysis.results import _Text
+
+
+class JoinRule(_Text):
+    """What joined a training dump to an inference dump."""
+
+    REQUEST_ID = "request_id"  # the engine's suffix stripped, both sides carried it
+    PROMPT_HASH = "prompt_hash"  # the hash of the prompt token ids
+
+
+class RankRule(_Text):
+    """How the generate rank of a pair was chosen."""
+
+    SAME = "same"  # the generate rank equal to the training rank (the recipe's rule; Megatron's only one)
+    FSDP_ANY = "fsdp_any"  # FSDP ranks hold whole activations: the lowest generate rank that dumped it
+
+
 SIDES = ("train", "generate")
+LOG_FORMATS = ("msprobe-hooks", "recipe")
 
 
 class PairsFileError(ValueError):
     """A pairs file line that ``compare`` cannot use; the message names the file and the line."""
+
+
+@dataclass
+class TrainSide:
+    """The training dump of a pair and the log line that described it."""
+
+    dump: str
+    step: int | None = None
+    rank: int | None = None
+    pid: int | None = None
+    log: str | None = None
+    line: int | None = None
+    global_step: Any = None
+    micro_batch: Any = None
+    sample: int | None = None
+    uid: str | None = None
+    request_id: str | None = None
+    format: str = LOG_FORMATS[0]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerateSide:
+    """The inference dump of a pair and the dispatch-log line of its step."""
+
+    dump: str
+    step: int | None = None
+    rank: int | None = None
+    pid: int | None = None
+    log: str | None = None
+    line: int | None = None
+    engine: str | None = None
+    request_id: str | None = None
+    filtered: bool = False
+    num_requests: int | None = None
+    offset: int | None = None
+    tokens: int | None = None
+    format: str = LOG_FORMATS[0]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Pair:
+    """One line of ``pairs.jsonl``."""
+
+    pair: int
+    rule: str
+    key: str
+    train: TrainSide
+    generate: GenerateSide
+    prompt_len: int | None = None
+    rank_rule: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # The order of a line's fields, as align has always written them.
+    _ORDER = ("pair", "rule", "key", "prompt_len", "rank_rule", "train", "generate")
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object of the line (unknown fields read from a file come back after the known ones)."""
+        record = {name: getattr(self, name) for name in self._ORDER}
+        record["train"], record["generate"] = _side_record(self.train), _side_record(self.generate)
+        return {**record, **self.extra}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Pair:
+        known = {name: record[name] for name in cls._ORDER if name in record}
+        known["train"] = _side(TrainSide, record["train"])
+        known["generate"] = _side(GenerateSide, record["generate"])
+        extra = {k: v for k, v in record.items() if k not in cls._ORDER}
+        return cls(**{"rule": "", "key": "", **known}, extra=extra)
+
+
+def _side_record(side: TrainSide | GenerateSide) -> dict[str, Any]:
+    record = {f.name: getattr(side, f.name) for f in dataclasses.fields(side) if f.name != "extra"}
+    return {**record, **side.extra}
+
+
+def _side(cls: type, record: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    return cls(
+        **{k: v for k, v in record.items() if k in names}, extra={k: v for k, v in record.items() if k not in names}
+    )
 
 
 def resolve(path: str, pairs_file: str) -> str:
@@ -40,32 +144,36 @@ def resolve(path: str, pairs_file: str) -> str:
     )
 
 
-def write(pairs: Iterable[dict[str, Any]], path: str) -> int:
-    """Write ``pairs`` (already in the schema above) to ``path``; returns how many."""
+def write(pairs: Iterable[Pair], path: str) -> int:
+    """Write ``pairs`` to ``path``, one JSON line each; returns how many."""
     count = 0
     with open(path, "w", encoding="utf-8") as out:
         for pair in pairs:
-            out.write(json.dumps(pair, separators=(",", ":"), ensure_ascii=False) + "\n")
+            out.write(json.dumps(pair.record(), separators=(",", ":"), ensure_ascii=False) + "\n")
             count += 1
     return count
 
 
-def read(path: str) -> Iterator[dict[str, Any]]:
+def read(path: str) -> Iterator[Pair]:
     """The pairs of ``path``, dump paths resolved; a line that is not a usable pair raises PairsFileError."""
+    index = 0
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                pair = json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise PairsFileError(f"{where}: not JSON ({exc.msg}); expected one pair per line") from None
-            if not isinstance(pair, dict):
-                raise PairsFileError(f"{where}: a {type(pair).__name__}, expected a JSON object")
+            if not isinstance(record, dict):
+                raise PairsFileError(f"{where}: a {type(record).__name__}, expected a JSON object")
             for side in SIDES:
-                dump = pair.get(side, {}).get("dump") if isinstance(pair.get(side), dict) else None
+                dump = record.get(side, {}).get("dump") if isinstance(record.get(side), dict) else None
                 if not isinstance(dump, str) or not dump:
                     raise PairsFileError(f"{where}: no {side}.dump path; each pair names both dump.json files")
-                pair[side]["dump"] = resolve(dump, path)
-            yield pair
+                record[side]["dump"] = resolve(dump, path)
+            if not isinstance(record.setdefault("pair", index), int):
+                raise PairsFileError(f"{where}: pair must be an integer (the pair's number)")
+            index += 1
+            yield Pair.from_record(record)

@@ -13,58 +13,58 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from msprobe_hooks.analysis.compare import COMPARED, DIVERGES, FAILED, NO_DIVERGENCE, NOT_COMPARABLE, NOTHING_COMPARED
+from msprobe_hooks.analysis.results import (
+    MEAN_NOT_THRESHOLDED,
+    MODULE_COLUMNS,
+    PAIR_RESULT_COLUMNS,
+    THRESHOLD_OF,
+    ModuleRow,
+    PairResult,
+    Status,
+    Verdict,
+)
 
 PLOT = "error_by_depth.png"
-# Columns of modules.csv, in this order (a row lacks what its status does not have).
-COLUMNS = [
-    "pair", "order", "layer", "module", "io", "status", "error", "diverges", "max_rel", "min_rel", "norm_rel",
-    "mean_rel", "cosine", "max_abs", "tensor_rel", "train_name", "generate_name", "train_shape", "generate_shape",
-    "train_dtype", "generate_dtype", "reason",
-]  # fmt: skip
-PAIR_COLUMNS = [
+# The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
+SUMMARY_COLUMNS = [
     "pair", "rule", "key", "mode", "verdict", "first_module", "first_io", "first_error", "max_error", "max_module",
     "compared", "unmatched", "not_comparable", "api_rows",
 ]  # fmt: skip
-# The (training, inference) dump paths are long: in the CSV of pairs and the HTML details, not the summary table.
 
 
-def overall(results: Sequence[dict[str, Any]], threshold: float) -> str:
+def overall(results: Sequence[PairResult], threshold: float) -> str:
     """One sentence: the earliest first divergence over all pairs, or the largest error seen."""
-    diverging = [r for r in results if r["verdict"] == DIVERGES]
+    diverging = [r for r in results if r.verdict is Verdict.DIVERGES]
     if diverging:
-        earliest = min(diverging, key=lambda r: r["first_order"])
-        same = sum(r["first_module"] == earliest["first_module"] for r in diverging)
+        earliest = min(diverging, key=lambda r: r.first_order)
+        same = sum(r.first_module == earliest.first_module for r in diverging)
         return (
-            f"first divergence: {earliest['first_module']} {earliest['first_io']} "
-            f"(error {earliest['first_error']:.3g} > {threshold:g}; first in {same} of {len(results)} pairs)"
+            f"first divergence: {earliest.first_module} {earliest.first_io} "
+            f"(error {earliest.first_error:.3g} > {threshold:g}; first in {same} of {len(results)} pairs)"
         )
-    measured = [r for r in results if r.get("max_error") is not None]
+    measured = [r for r in results if r.max_error is not None]
     if measured:
-        worst = max(measured, key=lambda r: r["max_error"])
-        where = f"{worst['max_module']}, pair {worst['pair']}"
-        return f"{NO_DIVERGENCE} {threshold:g} (largest error {worst['max_error']:.3g} at {where})"
-    return f"{NOTHING_COMPARED}: no tensor of any pair could be compared"
+        worst = max(measured, key=lambda r: r.max_error)
+        where = f"{worst.max_module}, pair {worst.pair}"
+        return f"{Verdict.NO_DIVERGENCE} {threshold:g} (largest error {worst.max_error:.3g} at {where})"
+    return f"{Verdict.NOTHING_COMPARED}: no tensor of any pair could be compared"
 
 
-def summary_lines(results: Sequence[dict[str, Any]], threshold: float) -> list[str]:
+def summary_lines(results: Sequence[PairResult], threshold: float) -> list[str]:
     """What compare prints: one line overall, one per pair."""
     lines = [f"{len(results)} pairs: {overall(results, threshold)}"]
-    for r in sorted(results, key=lambda r: r["pair"]):
-        if r["verdict"] == FAILED:
-            lines.append(f"  pair {r['pair']}: {FAILED}: {r['message']}")
-        elif r["verdict"] == DIVERGES:
+    for r in sorted(results, key=lambda r: r.pair):
+        if r.verdict is Verdict.FAILED:
+            lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
+        elif r.verdict is Verdict.DIVERGES:
             lines.append(
-                f"  pair {r['pair']} ({r['key']}): {r['first_module']} {r['first_io']} diverges "
-                f"(error {r['first_error']:.3g}); {r['compared']} compared, {r['unmatched']} unmatched"
+                f"  pair {r.pair} ({r.key}): {r.first_module} {r.first_io} diverges "
+                f"(error {r.first_error:.3g}); {r.compared} compared, {r.unmatched} unmatched"
             )
         else:
-            largest = (
-                f"largest error {r['max_error']:.3g} at {r['max_module']}; " if r.get("max_error") is not None else ""
-            )
+            largest = f"largest error {r.max_error:.3g} at {r.max_module}; " if r.max_error is not None else ""
             lines.append(
-                f"  pair {r['pair']} ({r['key']}): {r['verdict']}; {largest}{r['compared']} compared, "
-                f"{r['unmatched']} unmatched"
+                f"  pair {r.pair} ({r.key}): {r.verdict}; {largest}{r.compared} compared, {r.unmatched} unmatched"
             )
     return lines
 
@@ -83,28 +83,28 @@ def _markdown_table(frame: Any) -> str:
     return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in cells.itertuples(index=False))])
 
 
-def plot(rows: Any, results: Sequence[dict[str, Any]], threshold: float, path: str) -> None:
+def plot(rows: Any, results: Sequence[PairResult], threshold: float, path: str) -> None:
     """Error against depth (model order), one line per pair, each pair's first divergence marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    compared = rows[rows["status"] == COMPARED]
+    compared = rows[rows["status"] == Status.COMPARED.value]
     positions = {order: x for x, order in enumerate(sorted(compared["order"].unique()))}
     figure, axes = pyplot.subplots(figsize=(10, 4.5), dpi=100)
     floor = 1e-12  # exact zeros on a log axis
-    for result in sorted(results, key=lambda r: r["pair"]):
-        mine = compared[compared["pair"] == result["pair"]].sort_values("order")
+    for result in sorted(results, key=lambda r: r.pair):
+        mine = compared[compared["pair"] == result.pair].sort_values("order")
         if mine.empty:
             continue
         xs = [positions[o] for o in mine["order"]]
         ys = [max(float(e), floor) for e in mine["error"]]
-        (line,) = axes.plot(xs, ys, linewidth=1, label=f"pair {result['pair']} ({result['key']})")
-        if result["verdict"] == DIVERGES:
-            x, y = positions[result["first_order"]], max(float(result["first_error"]), floor)
+        (line,) = axes.plot(xs, ys, linewidth=1, label=f"pair {result.pair} ({result.key})")
+        if result.verdict is Verdict.DIVERGES:
+            x, y = positions[result.first_order], max(float(result.first_error), floor)
             axes.plot([x], [y], marker="o", markersize=9, color=line.get_color(), markeredgecolor="red")
-            axes.annotate(f"{result['first_module']} {result['first_io']}", (x, y), textcoords="offset points",
+            axes.annotate(f"{result.first_module} {result.first_io}", (x, y), textcoords="offset points",
                           xytext=(6, 6), fontsize=8, color="red")  # fmt: skip
     axes.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
     ticks: dict[str, int] = {}
@@ -126,26 +126,34 @@ def plot(rows: Any, results: Sequence[dict[str, Any]], threshold: float, path: s
     pyplot.close(figure)
 
 
-def write(folder: str, results: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], threshold: float) -> str:
-    """Write the four report files into ``folder``; returns the path of ``index.html``."""
+def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Any, Any]:
+    """``modules.csv`` and ``pairs.csv`` as DataFrames (columns: the fields of the row types).
+
+    ``message`` (why a pair failed) is a column of ``pairs.csv`` only when some pair failed.
+    """
     import pandas
 
+    table = pandas.DataFrame([row.record() for row in rows], columns=list(MODULE_COLUMNS))
+    table = table.sort_values(["pair", "order"], kind="stable")
+    ordered = sorted(results, key=lambda r: r.pair)
+    columns = [c for c in PAIR_RESULT_COLUMNS if c != "message" or any(r.message is not None for r in ordered)]
+    return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
+
+
+def write(folder: str, results: Sequence[PairResult], rows: Sequence[ModuleRow], threshold: float) -> str:
+    """Write the report files into ``folder``; returns the path of ``index.html``."""
     os.makedirs(folder, exist_ok=True)
-    table = pandas.DataFrame(list(rows), columns=COLUMNS).sort_values(["pair", "order"], kind="stable")
+    table, pair_table = tables(results, rows)
     table.to_csv(os.path.join(folder, "modules.csv"), index=False)
-    pair_table = pandas.DataFrame(sorted(results, key=lambda r: r["pair"]))
-    for column in PAIR_COLUMNS:
-        if column not in pair_table:
-            pair_table[column] = None
     pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
     plot(table, results, threshold, os.path.join(folder, PLOT))
 
     headline = overall(results, threshold)
-    failed = [r for r in results if r["verdict"] == FAILED]
+    ordered = sorted(results, key=lambda r: r.pair)
+    failed = [r for r in ordered if r.verdict is Verdict.FAILED]
     counts = table["status"].value_counts().to_dict() if not table.empty else {}
     notes = [
-        f"Threshold: relative error {threshold:g} of max, min and norm (tensor mode: ||train - inference|| / "
-        "||inference||); the mean is reported, not thresholded (near-zero means).",
+        f"Threshold: relative error {threshold:g} {THRESHOLD_OF}; {MEAN_NOT_THRESHOLDED}.",
         "Rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ". Unmatched rows are never a pass.",
         "API rows (level mix: Functional./Tensor./Torch.) are counted per pair (training/inference) and kept out "
         "of the verdict: their call counters never line up across engines.",
@@ -153,27 +161,27 @@ def write(folder: str, results: Sequence[dict[str, Any]], rows: Sequence[dict[st
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
         out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
         out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
-        out.write(_markdown_table(pair_table[PAIR_COLUMNS]) + "\n\n")
+        out.write(_markdown_table(pair_table[SUMMARY_COLUMNS]) + "\n\n")
         for r in failed:
-            out.write(f"- pair {r['pair']}: {r['message']}\n")
+            out.write(f"- pair {r.pair}: {r.message}\n")
         out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
 
     with open(os.path.join(folder, PLOT), "rb") as image:
         png = base64.b64encode(image.read()).decode()
     details = []
-    for r in sorted(results, key=lambda r: r["pair"]):
+    for r in ordered:
         # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-        shown = (table["pair"] == r["pair"]) & (table["status"] != NOT_COMPARABLE)
+        shown = (table["pair"] == r.pair) & (table["status"] != Status.NOT_COMPARABLE.value)
         mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
         body = (
-            html.escape(r["message"])
-            if r["verdict"] == FAILED
+            html.escape(r.message or "")
+            if r.verdict is Verdict.FAILED
             else mine.to_html(index=False, na_rep="", float_format=_float)
         )
         details.append(
-            f"<details><summary>pair {r['pair']} ({html.escape(str(r['key']))}): {html.escape(r['verdict'])}"
-            f"</summary><p>training: <code>{html.escape(r['train_dump'])}</code><br>inference: "
-            f"<code>{html.escape(r['generate_dump'])}</code></p>{body}"
+            f"<details><summary>pair {r.pair} ({html.escape(str(r.key))}): {html.escape(str(r.verdict))}"
+            f"</summary><p>training: <code>{html.escape(r.train_dump)}</code><br>inference: "
+            f"<code>{html.escape(r.generate_dump)}</code></p>{body}"
             "</details>"
         )
     page = f"""<!DOCTYPE html>
@@ -187,7 +195,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>
 <img id="plot" alt="error by depth" src="data:image/png;base64,{png}">
 <h2>Pairs</h2>
-{pair_table[PAIR_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
+{pair_table[SUMMARY_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}

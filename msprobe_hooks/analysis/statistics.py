@@ -13,10 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The statistics a verdict is taken on. The mean is reported but not thresholded: on activations
-# whose mean is near zero its relative error is large for the same maths (1.8e-4 measured on
-# identical fp32 weights, against <= 1.3e-6 for max, min and norm).
-THRESHOLDED = ("max", "min", "norm")
+from msprobe_hooks.analysis.results import THRESHOLDED
 
 
 def _number(value: Any) -> float | None:

@@ -7,6 +7,7 @@ from the installed source files (parsed, not imported). ``--spawn-check`` starts
 
 from __future__ import annotations
 
+import argparse
 import importlib.machinery
 import json
 import multiprocessing
@@ -20,7 +21,8 @@ from msprobe_hooks import contracts, patching
 from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.cli.launch import shim_dir
 from msprobe_hooks.debugger import MSPROBE_DISTRIBUTION, MSPROBE_MODULE, MSPROBE_SUPPORTED
-from msprobe_hooks.registry import Patch, all_patches
+from msprobe_hooks.patches import all_patches
+from msprobe_hooks.registry import Patch
 
 
 def _sitecustomize_files(path: list[str]) -> list[str]:
@@ -207,3 +209,25 @@ def report(out: Callable[[str], None], with_spawn_check: bool = False) -> int:
         if not spawn_check(out):
             status = 1
     return status
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+DESCRIPTION = """\
+Check this interpreter and configuration: is the shim first on PYTHONPATH, which sitecustomize it
+chains, whether the variables are valid, whether msprobe is a supported version, and for every patch
+whether its installed target still looks as the patch expects (read from the source files, not
+imported). With --spawn-check, start spawn/fork/subprocess/Ray children and check each activates.
+Exit status: 0 fine, 1 a child did not activate, 2 a bad configuration."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spawn-check",
+        action="store_true",
+        help="also start spawn/fork/subprocess/Ray children and check that each activates",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return report(print, with_spawn_check=args.spawn_check)

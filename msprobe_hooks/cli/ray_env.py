@@ -11,7 +11,11 @@ Three Ray/Hydra facts shape the output:
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import shlex
+import sys
 from collections.abc import Mapping
 
 from msprobe_hooks import config as config_module
@@ -44,3 +48,37 @@ def hydra_overrides(environ: Mapping[str, str]) -> list[str]:
             )
         overrides.append(shlex.quote(f'{HYDRA_PREFIX}{name}="{value}"'))
     return overrides
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+DESCRIPTION = """\
+Print what a Ray cluster that did not inherit this shell's environment needs to activate the hooks in
+every worker: verl command-line overrides (default) or the runtime_env for ray.init (--format json).
+Ray replaces, never appends, a variable: PYTHONPATH is this shell's, written out literally."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("hydra", "json"),
+        default="hydra",
+        help="hydra: verl command-line overrides (default); json: the runtime_env for ray.init",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.format == "json":
+        print(json.dumps(runtime_env(os.environ), indent=2))
+        return 0
+    try:
+        overrides = hydra_overrides(os.environ)
+    except ValueError as exc:
+        print(f"msprobe-hooks ray-env: {exc}", file=sys.stderr)
+        return 2
+    print(
+        "# verl overrides; PYTHONPATH is this shell's, written out literally (Ray replaces, never appends)",
+        file=sys.stderr,
+    )
+    print(" \\\n".join(overrides))
+    return 0

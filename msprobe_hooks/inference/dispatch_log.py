@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from msprobe_hooks import debugger as debugger_module
-from msprobe_hooks.join_keys import prompt_hash, timestamp
+from msprobe_hooks.join_keys import DISPATCH_LOG, DISPATCH_SOURCE, prompt_hash, timestamp
 from msprobe_hooks.jsonl import JsonlLog, encode
-
-FILENAME = "dispatch_log.jsonl"
-SOURCE = "dispatch_logger"
 
 
 class ScheduledRequest(NamedTuple):
@@ -148,7 +145,7 @@ def step_line(
 @functools.lru_cache(maxsize=16)
 def _line_head(engine: str, engine_version: str | None) -> str:
     """The fields every line of one engine shares, up to ``timestamp``."""
-    return f'{{"source":"{SOURCE}","engine":{encode(engine)},"engine_version":{encode(engine_version)},'
+    return f'{{"source":"{DISPATCH_SOURCE}","engine":{encode(engine)},"engine_version":{encode(engine_version)},'
 
 
 def _scalar_json(value: Any) -> str:
@@ -160,7 +157,7 @@ def _scalar_json(value: Any) -> str:
 
 def open_log(root: str) -> JsonlLog:
     """The dispatch log of this process under the generate dump root ``root``."""
-    return JsonlLog(root, FILENAME)
+    return JsonlLog(root, DISPATCH_LOG)
 
 
 def distributed_ready() -> bool:
@@ -177,7 +174,7 @@ def current_rank() -> int:
 @dataclass(slots=True)
 class StepWindow:
     """One msprobe step of a model runner, from its ``start()`` to the ``step()`` that ends it, and
-    what its dispatch-log line will say (the training side's counterpart is ``actor_dump.StepWindow``)."""
+    what its dispatch-log line will say (the training side's counterpart is ``actor_dump.DumpWindow``)."""
 
     step: int = 0
     started: bool = False  # msprobe's start() ran for this step
@@ -235,3 +232,44 @@ class PromptHashes:
             return False
         self._known = {k: v for k, v in self._known.items() if k in live}
         return True
+
+
+class RunnerLog:
+    """One model runner's dispatch log: the engine its lines name, their file, the rank they carry.
+
+    The engine patches (vLLM / vLLM-Ascend, SGLang) subclass it with what they know of their steps;
+    a line is written here, the same way for every engine.
+    """
+
+    def __init__(self, engine: str, engine_version: str | None, log: JsonlLog) -> None:
+        self.engine = engine
+        self.engine_version = engine_version
+        self.log = log
+        self.rank: int | None = None  # once torch.distributed is up: asking it costs more than a row
+
+    def write(
+        self,
+        step: int,
+        dumped: bool,
+        requests: Sequence[ScheduledRequest],
+        forward_mode: str | None = None,
+        rank: int | None = None,
+    ) -> None:
+        """One line: ``step`` is the msprobe folder the forward went to (``dumped`` if it did)."""
+        if rank is None:
+            rank = self.rank
+            if rank is None:
+                rank = current_rank()
+                if distributed_ready():  # a worker's rank does not change once its group exists
+                    self.rank = rank
+        self.log.write_line(
+            step_line(
+                engine=self.engine,
+                engine_version=self.engine_version,
+                rank=rank,
+                step=step,
+                dumped=dumped,
+                requests=requests,
+                forward_mode=forward_mode,
+            )
+        )

@@ -5,12 +5,9 @@ Each engine's records live in its own folder beside the code they name (``patche
 each patches (target module and symbols, through its contract), why, how, and which upstream change
 would make it unnecessary. The code of a patch is imported only when its target is.
 ``docs/patches.md`` (``python scripts/gen_docs.py``) and ``msprobe-hooks doctor`` are generated from
-:data:`PATCHES`.
+:data:`PATCHES` (:mod:`.catalogue`).
 """
 
-from __future__ import annotations
+from msprobe_hooks.patches.catalogue import PATCHES, all_patches, load_extra
 
-from msprobe_hooks.patches import sglang, verl, vllm
-from msprobe_hooks.registry import Patch
-
-PATCHES: tuple[Patch, ...] = verl.PATCHES + sglang.PATCHES + vllm.PATCHES
+__all__ = ["PATCHES", "all_patches", "load_extra"]

@@ -16,18 +16,20 @@ every process that activates, whoever creates the debugger (us, verl's profiler,
 from __future__ import annotations
 
 import os
-from types import ModuleType
-from typing import Any
 
 from msprobe_hooks import patching, storage
 from msprobe_hooks.contracts import Attribute, Method
 from msprobe_hooks.registry import Patch
 
-NAME = "msprobe.writes"
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
 TARGET = "msprobe.core.dump.data_dump.json_writer"
 
 PATCH = Patch(
-    name=NAME,
+    name="msprobe.writes",
     target=TARGET,
     implementation=__name__,
     distribution="mindstudio-probe",

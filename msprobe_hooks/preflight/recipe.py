@@ -9,11 +9,13 @@ suite composes verl's config with this output and checks that preflight finds no
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from msprobe_hooks.contracts import module_version
-from msprobe_hooks.preflight import (
+from msprobe_hooks.preflight.findings import installed
+from msprobe_hooks.preflight.model import Layout, hydra_value
+from msprobe_hooks.preflight.rules import RULES, dump_config_switch
+from msprobe_hooks.preflight.vocabulary import (
     ACTOR,
     GENERATE_CONFIG_PLACEHOLDER,
     MEGATRON,
@@ -21,19 +23,13 @@ from msprobe_hooks.preflight import (
     ROLLOUT,
     ROLLOUT_BACKENDS,
     ROLLOUT_MODULES,
-    RULES,
     SGLANG,
     SGLANG_DUMP_KEY,
     SKIP_KEYS,
     TORCHDYNAMO_EXPORT,
+    TRAINING_BACKENDS,
     VLLM_ASCEND,
-    Layout,
-    dump_config_switch,
-    hydra_value,
-    installed,
 )
-
-TRAINING_BACKENDS = ("fsdp", MEGATRON)
 
 # Not checked by a rule of their own, but what the collection run needs.
 COLLECTION_RUN: dict[str, object] = {
@@ -136,35 +132,3 @@ def lines(recipe: Recipe) -> list[str]:
     text += [f"    {override} \\" for override in recipe.overrides[:-1]]
     text.append(f"    {recipe.overrides[-1]}")
     return text
-
-
-def command(
-    backend: str,
-    gpus: int,
-    nnodes: int,
-    rollout: str | None,
-    generate_config: str | None,
-    tensor_parallel: int,
-    expert_parallel: int,
-    out: Callable[[str], None],
-    err: Callable[[str], None],
-) -> int:
-    """``msprobe-hooks recipe``: print the recipe (stdout) and its notes (stderr); 2 for an impossible layout."""
-    try:
-        recipe = build(
-            backend,
-            gpus,
-            nnodes=nnodes,
-            rollout=rollout or default_rollout_backend(),
-            generate_config=generate_config,
-            tensor_parallel=tensor_parallel,
-            expert_parallel=expert_parallel,
-        )
-    except ValueError as exc:
-        err(f"msprobe-hooks recipe: error: {exc}")
-        return 2
-    for note in recipe.notes:
-        err(f"# {note}")
-    for line in lines(recipe):
-        out(line)
-    return 0

@@ -25,50 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks import bootstrap, join_keys, patching, storage
 from msprobe_hooks import config as config_module
 from msprobe_hooks import debugger as debugger_module
+from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
-from msprobe_hooks.training.request_ids import ALL_REQUEST_IDS, REQUEST_ID
-
-LOG_FILENAME = "update_actor_log.jsonl"
-LOG_SOURCE = "update_actor"  # the published recipe's value
-PADDING_UID_PREFIX = "pad"  # verl's trainer/ppo/padding_utils.py names its filler samples "pad<hex>"
+from msprobe_hooks.training.micro_batch import (
+    SampleInfo,
+    describe_samples,
+    global_step_of,
+    prompt_only_batches,
+    samples_and_step,
+)
 
 
 class DumpRefused(patching.Refusal):
     """The run asks for a dump this setup cannot produce correctly; raised before any work is done."""
-
-
-@dataclass(frozen=True)
-class SampleInfo:
-    """What the log says about one sample of a micro-batch (the join keys of ``align``)."""
-
-    index: int
-    uid: str | None
-    session_id: Any
-    request_id: str | None  # the rollout request whose prefill is this prompt alone (the first turn)
-    request_ids: list[str]  # every request of the trajectory, one per turn (or resumed segment)
-    prompt_len: int
-    prompt_hash: str
-    seq_len: int
-
-    @property
-    def padding(self) -> bool:
-        return isinstance(self.uid, str) and self.uid.startswith(PADDING_UID_PREFIX)
-
-    def as_record(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uid": self.uid,
-            "session_id": self.session_id,
-            "request_id": self.request_id,
-            "request_ids": self.request_ids,
-            "prompt_len": self.prompt_len,
-            "prompt_hash": self.prompt_hash,
-            "seq_len": self.seq_len,
-        }
 
 
 @dataclass
@@ -83,7 +55,7 @@ class Pass:
 
 
 @dataclass
-class StepWindow:
+class DumpWindow:
     """One msprobe step of an actor micro-batch, from its ``start()`` to the ``step()`` that ends it, and
     what its log line will say (the inference side's counterpart is ``dispatch_log.StepWindow``)."""
 
@@ -97,202 +69,28 @@ class StepWindow:
     micro_batch: Any = None
 
 
-def _plain(value: Any) -> Any:
-    """JSON-friendly scalars from tensors and numpy values."""
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", 0) == 0:
-        return item()
-    return value
-
-
-def _first(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return _first(value[0]) if value else None
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return _first(tolist())
-    return _plain(value)
-
-
-def _per_sample(value: Any, count: int) -> list[Any]:
-    """A per-sample field as a list of ``count`` plain values (None when absent)."""
-    if value is None:
-        return [None] * count
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        value = tolist()
-    if isinstance(value, (list, tuple)) and len(value) == count:
-        return [_plain(v) for v in value]
-    return [_plain(value)] * count
-
-
-def _request_ids(value: Any) -> list[str]:
-    """One sample's request id(s) as a list: one id per turn in multi-turn rollouts."""
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value if v is not None]
-    return [str(value)]
-
-
-def _lengths(tensor: Any) -> list[int]:
-    """Per-sample lengths of a jagged tensor, or the width of every row of a dense one."""
-    if tensor.is_nested:
-        return [int(n) for n in tensor.offsets().diff().tolist()]
-    return [int(tensor.shape[-1])] * int(tensor.shape[0])
-
-
-def prompt_lengths(micro_batch: Any) -> list[int]:
-    """Prompt length of each sample, for both trainer layouts.
-
-    v1 (TransferQueue): ``prompts`` is jagged, or dense when every prompt happens to have the same
-    length. v0 (DataProto): ``prompts`` is dense and left-padded, ``attention_mask`` is kept.
-    Otherwise: sequence length minus response length.
-    """
-    prompts = micro_batch.get("prompts", None)
-    if prompts is not None:
-        if prompts.is_nested:
-            return _lengths(prompts)
-        mask = micro_batch.get("attention_mask", None)
-        if mask is not None and not mask.is_nested:
-            return [int(n) for n in mask[:, : prompts.shape[-1]].sum(-1).tolist()]
-        return _lengths(prompts)
-    responses = micro_batch.get("response_mask", micro_batch.get("responses", None))
-    if responses is None:
-        raise ValueError("the micro-batch has neither 'prompts' nor 'responses'/'response_mask'")
-    return [s - r for s, r in zip(_lengths(micro_batch["input_ids"]), _lengths(responses), strict=True)]
-
-
-def is_trimmed(micro_batch: Any) -> bool:
-    """Whether the trainer already cut the responses off (``PROMPTS_ONLY=trim``): every response is empty."""
-    responses = micro_batch.get("responses", None)
-    if responses is None:
-        return False
-    if responses.is_nested:
-        return all(n == 0 for n in _lengths(responses))
-    return responses.shape[-1] == 0
-
-
-def _sample_field(micro_batch: Any, key: str, count: int) -> list[Any]:
-    """A per-sample field, from the top level or else from the sample's ``extra_fields`` dict.
-
-    verl's v1 (TransferQueue) records keep ``extra_fields`` as one dict per sample, where the
-    published recipe stamps ``request_id``; the top-level copy exists only where our promotion ran
-    (not with a custom agent loop, nor where that patch stepped aside).
-    """
-    from verl.utils import tensordict_utils as tu
-
-    values = _per_sample(tu.get(micro_batch, key), count)
-    if all(value is not None for value in values):
-        return values
-    extras = _per_sample(tu.get(micro_batch, "extra_fields"), count)
-    return [
-        extra.get(key) if value is None and isinstance(extra, dict) else value
-        for value, extra in zip(values, extras, strict=True)
-    ]
-
-
-def describe_samples(micro_batch: Any) -> list[SampleInfo]:
-    """One :class:`SampleInfo` per sample of a verl micro-batch (jagged ``input_ids``)."""
-    from verl.utils import tensordict_utils as tu
-
-    sequences = micro_batch["input_ids"].unbind()
-    count = len(sequences)
-    lengths = prompt_lengths(micro_batch)
-    uids = _per_sample(tu.get(micro_batch, "uid"), count)
-    sessions = _per_sample(tu.get(micro_batch, "session_id"), count)
-    firsts = _sample_field(micro_batch, REQUEST_ID, count)
-    every = _sample_field(micro_batch, ALL_REQUEST_IDS, count)
-    return [
-        SampleInfo(
-            index=i,
-            uid=None if uids[i] is None else str(uids[i]),
-            session_id=sessions[i],
-            request_id=None if firsts[i] is None else str(firsts[i]),
-            request_ids=_request_ids(every[i] if every[i] is not None else firsts[i]),
-            prompt_len=lengths[i],
-            prompt_hash=join_keys.prompt_hash(sequences[i][: lengths[i]].tolist()),
-            seq_len=int(sequences[i].shape[-1]),
-        )
-        for i in range(count)
-    ]
-
-
-def global_step_of(micro_batch: Any) -> Any:
-    """The trainer's global step: NonTensorData in v0, a per-sample field in v1."""
-    from verl.utils import tensordict_utils as tu
-
-    return _first(tu.get(micro_batch, "global_steps"))
-
-
-def _one_row(piece: Any, like: Any) -> Any:
-    """A jagged tensor holding one row, ragged along its last dimension as ``like`` is."""
-    import torch
-    from verl.utils import tensordict_utils as tu
-
-    build = getattr(tu, "nested_tensor_from_tensor_list", None)  # verl >= 0.8
-    if build is not None:
-        return build([piece], ragged_idx=getattr(like, "_ragged_idx", piece.dim()))
-    nested = torch.nested.as_nested_tensor([piece], layout=torch.jagged)
-    if piece.dim() > 1:  # as verl 0.7 marks 3-D position ids (maybe_fix_3d_position_ids)
-        nested._ragged_idx = piece.dim()
-    return nested
-
-
-def prompt_only_micro_batch(micro_batch: Any, index: int, prompt_len: int) -> Any:
-    """Sample ``index`` of ``micro_batch`` as a one-sample micro-batch holding only its prompt.
-
-    Every per-sample field comes along (temperature, multi-modal inputs, flags); ``input_ids``
-    and ``position_ids`` are cut to the prompt (the last dimension, so 3-D mRoPE ids too).
-    ``loss_mask`` becomes zeros over the prompt: no token of it is a training target, and it is
-    as long as ``input_ids``, which every reader accepts (Megatron's MTP loss-mask builders; the
-    FSDP engine's padded path in verl 0.7.1/0.8, which takes its attention mask from it). The
-    flags asking for extra outputs are turned off, and Megatron's padding to the mini-batch's
-    longest sequence (``forced_max_seqlen``, verl 0.9) is dropped: only the prompt's own forward
-    is wanted.
-    """
-    import torch
-    from verl.utils import tensordict_utils as tu
-
-    one = tu.index_select_tensor_dict(micro_batch, [index])
-    for key in ("input_ids", "position_ids"):
-        full = micro_batch[key]
-        one[key] = _one_row(full.unbind()[index][..., :prompt_len], full)
-    loss_mask = micro_batch.get("loss_mask", None)
-    if loss_mask is not None:
-        zeros = torch.zeros(prompt_len, dtype=loss_mask.dtype, device=loss_mask.device)
-        one["loss_mask"] = _one_row(zeros, micro_batch["input_ids"])
-    tu.assign_non_tensor(
-        one, calculate_entropy=False, calculate_sum_pi_squared=False, distillation_use_topk=False, compute_loss=False
-    )
-    if tu.get(one, "forced_max_seqlen") is not None:
-        tu.assign_non_tensor(one, forced_max_seqlen=None)
-    return one
-
-
 class ActorDumper:
     """The process's training-side dump state: its debugger, its log, the pass and window in progress."""
 
     def __init__(self) -> None:
         self.current: Pass | None = None
-        self._window: StepWindow | None = None
+        self._window: DumpWindow | None = None
         self._debugger: Any = None
         self._log: JsonlLog | None = None
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
 
     # --- configuration -------------------------------------------------------------------------
 
-    def debugger(self) -> Any:
-        """The process's msprobe debugger for the actor config; raises DebuggerUnavailable."""
+    def debugger(self, cfg: config_module.Config | None) -> Any:
+        """The process's msprobe debugger for the actor config of ``cfg``; raises DebuggerUnavailable."""
         if self._debugger is None:
-            cfg = bootstrap.current_config()
             if cfg is None:
                 raise debugger_module.DebuggerUnavailable("msprobe-hooks is not active in this process")
             path = cfg.actor_config or debugger_module.DEFAULT_ACTOR_CONFIG
             settings = config_module.read_msprobe_config("MSPROBE_ACTOR_CONFIG", path)
             root = settings.get("dump_path") or cfg.actor_dump_root
             self._debugger = debugger_module.get_debugger(path, root)
-            self._log = JsonlLog(root, LOG_FILENAME)
+            self._log = JsonlLog(root, join_keys.TRAINING_LOG)
             logger().info("training dumps go to %s (log: %s)", root, self._log.path)
         return self._debugger
 
@@ -322,7 +120,14 @@ class ActorDumper:
         """
         engine, method_args = patching.bound(instance, args)
         decided = patch.guarded(
-            "deciding whether the pass is dumped", self._decide, engine, method_args, kwargs, dumpable, refuse
+            "deciding whether the pass is dumped",
+            self._decide,
+            patch.config,
+            engine,
+            method_args,
+            kwargs,
+            dumpable,
+            refuse,
         )
         if decided is None:
             return wrapped(*args, **kwargs)
@@ -345,6 +150,7 @@ class ActorDumper:
 
     @staticmethod
     def _decide(
+        cfg: config_module.Config | None,
         engine: Any,
         args: tuple,
         kwargs: dict,
@@ -354,7 +160,6 @@ class ActorDumper:
         """The pass's phase and whether it is due."""
         forward_only = patching.argument(args, kwargs, "forward_only", 2, False)
         phase = config_module.LOG_PROB if forward_only else config_module.UPDATE_ACTOR
-        cfg = bootstrap.current_config()
         due = bool(cfg is not None and cfg.phase_selected(phase) and dumpable(engine))
         if due and refuse is not None:
             refuse(engine, phase, patching.argument(args, kwargs, "data", 0))
@@ -381,13 +186,13 @@ class ActorDumper:
         current.patch.guarded("starting an msprobe step", self._open, model, current, dump, micro_batch, known)
 
     def _open(self, model: Any, current: Pass, dump: str, micro_batch: Any, known: dict[str, Any]) -> None:
-        debugger = self.debugger()
+        debugger = self.debugger(current.patch.config)
         self.close()
         step = debugger_module.next_step(debugger)
         debugger.start(model=model)
         fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
         recording = debugger_module.is_recording()
-        self._window = StepWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
+        self._window = DumpWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
 
     def attach(self, micro_batch: Any) -> None:
         """Name the micro-batch of the open window (Megatron: known only inside the schedule)."""
@@ -407,7 +212,7 @@ class ActorDumper:
         if window is not None:  # our bookkeeping must not break the training step
             window.patch.guarded("closing an msprobe step", self._close, window, write)
 
-    def _close(self, window: StepWindow, write: bool) -> None:
+    def _close(self, window: DumpWindow, write: bool) -> None:
         debugger = self._debugger
         try:
             debugger.stop()
@@ -450,14 +255,14 @@ class ActorDumper:
         loss.register_hook(on_backward)
         return True
 
-    def _write(self, window: StepWindow, debugger: Any) -> None:
+    def _write(self, window: DumpWindow, debugger: Any) -> None:
         samples, global_step = window.samples, window.global_step
         if window.micro_batch is not None:
             samples, global_step = self.describe(window.micro_batch, window.patch)
         samples = [s for s in samples if not s.padding]
         request_ids = [sample.request_id for sample in samples if sample.request_id is not None]
         record = {
-            "source": LOG_SOURCE,
+            "source": join_keys.TRAINING_SOURCE,
             "timestamp": join_keys.timestamp(),
             "pid": os.getpid(),
             "rank": debugger_module.dump_rank(debugger),
@@ -472,7 +277,7 @@ class ActorDumper:
         try:
             self._log.write(record)
         except OSError as exc:  # a full or removed dump root: one line naming the cause and the step
-            what = f"the {LOG_FILENAME} line of step {window.step}"
+            what = f"the {join_keys.TRAINING_LOG} line of step {window.step}"
             storage.report_loss(what, exc, self._log.path, patching.strict())
 
     # --- the two kinds of micro-batch dump -----------------------------------------------------
@@ -480,7 +285,7 @@ class ActorDumper:
     def describe(self, micro_batch: Any, patch: patching.PatchContext) -> tuple[list[SampleInfo], Any]:
         """The samples and global step of a micro-batch for its log line; ([], None) if unreadable
         (a layout we do not know: the dump stands, its line lacks the samples)."""
-        return patch.guarded("reading the samples of a micro-batch", _samples_and_step, micro_batch, default=([], None))
+        return patch.guarded("reading the samples of a micro-batch", samples_and_step, micro_batch, default=([], None))
 
     def prompt_only_forwards(
         self,
@@ -507,9 +312,9 @@ class ActorDumper:
             global_step = global_step_of(micro_batch)
         except Exception as exc:
             raise DumpRefused(f"PROMPTS_ONLY=1: cannot find each sample's prompt in the micro-batch ({exc})") from exc
-        debugger = self.debugger()
+        debugger = self.debugger(current.patch.config)
         finished = debugger_module.has_finished(debugger)
-        batches = current.patch.guarded("cutting the prompts", _prompt_batches, micro_batch, samples)
+        batches = current.patch.guarded("cutting the prompts", prompt_only_batches, micro_batch, samples)
         mine = 0 if finished or batches is None else len(batches)
         count, failed = agree_on_max([mine, int(batches is None)], group, device)
         if failed:
@@ -532,14 +337,6 @@ class ActorDumper:
 
 
 _FAILED = object()  # what a guarded forward returns when it raised
-
-
-def _samples_and_step(micro_batch: Any) -> tuple[list[SampleInfo], Any]:
-    return describe_samples(micro_batch), global_step_of(micro_batch)
-
-
-def _prompt_batches(micro_batch: Any, samples: list[SampleInfo]) -> list[Any]:
-    return [prompt_only_micro_batch(micro_batch, sample.index, sample.prompt_len) for sample in samples]
 
 
 def agree_on_max(values: list[int], group: Any, device: Any) -> list[int]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msprobe_hooks.config import PROMPTS_ONLY_MODES, Config
-from msprobe_hooks.patching import PatchContext
+
+if TYPE_CHECKING:
+    from msprobe_hooks.patching import PatchContext
 
 log = logging.getLogger("msprobe_hooks")
 
@@ -140,15 +142,14 @@ def _trim_if_due(config: Config | None, trainer_config: Any, trim: Callable[[], 
     return pipeline_parallel_size
 
 
-def trim_before_old_log_prob(
-    ctx: PatchContext, config: Config | None, trainer_config: Any, trim: Callable[[], None]
-) -> None:
-    """Run ``trim`` when this job is in trim mode; called by the trainer patches before old_log_prob.
+def trim_before_old_log_prob(ctx: PatchContext, trainer_config: Any, trim: Callable[[], None]) -> None:
+    """Run ``trim`` when this job is in trim mode (``ctx.config``); called by the trainer patches before old_log_prob.
 
     Guarded (``ctx.guarded``): a trim that fails logs one line and leaves the batch as it was
     (full-sequence dumps, undisturbed training) rather than stopping the job.
     """
     global _trimmed
+    config = ctx.config
     pipeline_parallel_size = ctx.guarded(
         "the PROMPTS_ONLY trim (the batch is left whole)", _trim_if_due, config, trainer_config, trim
     )

@@ -160,8 +160,8 @@ def test_fsdp1_and_megatron_names_map_like_fsdp2(l0, tmp_path):
     megatron = names.parse(
         "Module.0.module.module.decoder.layers.3.self_attention.linear_qkv.ColumnParallelLinear.forward.0"
     )
-    assert names.canonical(megatron) == ("layers.3.self_attn.qkv_proj", None)
-    assert names.canonical(
+    assert names.load().canonical(megatron) == ("layers.3.self_attn.qkv_proj", None)
+    assert names.load().canonical(
         names.parse("Module.module.decoder.layers.0.mlp.linear_fc2.RowParallelLinear.forward.0")
     ) == (
         "layers.0.mlp.down_proj",

@@ -85,7 +85,7 @@ def test_identical_weights_no_divergence(l0, tmp_path):
     stack = rows[rows["generate_name"].fillna("").str.startswith("Module.model.Qwen2Model.forward.0.")]
     assert len(stack) == 4 * 3  # input ids, positions, output; per pair
     assert set(stack["status"]) == {compare.NOT_COMPARABLE}
-    assert set(stack["reason"]) == {names.REASONS["whole_model"]}
+    assert set(stack["reason"]) == {names.load().reasons["whole_model"]}
 
 
 def test_perturbed_weights_name_the_module(l0_perturbed, tmp_path):

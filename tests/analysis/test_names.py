@@ -19,12 +19,12 @@ def test_sglang_whole_decoder_stack_is_not_comparable():
         "output": [_tensor("torch.float32", 6, 128)],
     }
     mapped = list(names.map_entry(name, entry))
-    assert names.canonical(name) == ("model", None)
+    assert names.load().canonical(name) == ("model", None)
     assert [m.label for m in mapped] == ["input.0", "input.1", "output.0"]
-    assert all(not m.keys and m.reason == names.REASONS["whole_model"] for m in mapped)
+    assert all(not m.keys and m.reason == names.load().reasons["whole_model"] for m in mapped)
     # the modules inside it keep their keys
     norm = names.parse("Module.model.norm.RMSNorm.forward.0")
     (output,) = names.map_entry(norm, {"output": [_tensor("torch.float32", 6, 128)]})
     assert output.keys == [("norm", "output")]
     embed = names.parse("Module.model.embed_tokens.VocabParallelEmbedding.forward.0")
-    assert names.canonical(embed) == ("embed_tokens", None)
+    assert names.load().canonical(embed) == ("embed_tokens", None)

@@ -20,12 +20,13 @@ from support.interpreter import run_python, shim_env
 
 from msprobe_hooks import contracts
 from msprobe_hooks.contracts import Attribute, Function, Method
+from msprobe_hooks.patches import PATCHES as CATALOGUE
 from msprobe_hooks.patches import msprobe_writes
-from msprobe_hooks.registry import Patch, builtin_patches
+from msprobe_hooks.registry import Patch
 
 from . import fault_matrix as fm
 
-PATCHES: list[Patch] = [*builtin_patches(), msprobe_writes.PATCH]
+PATCHES: list[Patch] = [*CATALOGUE, msprobe_writes.PATCH]
 RELEASES = json.loads((fm.REPO / "contracts" / "releases.json").read_text())
 MSPROBE_RELEASE = "26.2.0"  # the one supported (debugger.MSPROBE_SUPPORTED); not in the release snapshot
 # Top-level module of each distribution's stand-in, and the one release outside every supported range.

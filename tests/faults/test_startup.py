@@ -18,7 +18,7 @@ from support.interpreter import run_python, shim_env
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks.config import VARIABLES, ConfigError
-from msprobe_hooks.registry import all_patches
+from msprobe_hooks.patches import all_patches
 
 from . import fault_matrix as fm
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 from support.patch_case import SITES, PatchTestCase, Runs, builtin_cases
 
-from msprobe_hooks.registry import builtin_patches
+from msprobe_hooks.patches import PATCHES
 
 CASES = builtin_cases()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("patch-cases"), builtin_patches())
+    return Runs(tmp_path_factory.mktemp("patch-cases"), PATCHES)
 
 
 @pytest.fixture(params=CASES, ids=str)
@@ -29,7 +29,7 @@ class TestBuiltinPatches(PatchTestCase):
 
 def test_every_builtin_patch_has_a_site() -> None:
     covered = {case.patch.name for case in CASES}
-    missing = [p.name for p in builtin_patches() if p.name not in covered]
+    missing = [p.name for p in PATCHES if p.name not in covered]
     assert not missing, f"no site provides the target of {missing}: add one to support.patch_case.SITES"
 
 

@@ -13,14 +13,15 @@ import pytest
 from support import REPO
 
 from msprobe_hooks.contracts import Attribute, Function, Method
-from msprobe_hooks.registry import Patch, builtin_patches
+from msprobe_hooks.patches import PATCHES
+from msprobe_hooks.registry import Patch
 
 _spec = importlib.util.spec_from_file_location("release_contracts", REPO / "scripts" / "release_contracts.py")
 release_contracts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(release_contracts)
 
 SNAPSHOT = json.loads(release_contracts.SNAPSHOT.read_text()) if release_contracts.SNAPSHOT.exists() else {}
-PATCHES = list(builtin_patches())
+PATCHES = list(PATCHES)
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.name for p in PATCHES])

@@ -30,7 +30,7 @@ from support.vllm_standin import (
 )
 
 from msprobe_hooks.join_keys import prompt_hash
-from msprobe_hooks.patches.vllm.model_runner import randomizes_request_ids
+from msprobe_hooks.patches.vllm.runner_state import randomizes_request_ids
 
 
 @pytest.fixture(scope="module")

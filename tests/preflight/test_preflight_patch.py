@@ -18,8 +18,8 @@ from importlib import metadata
 import pytest
 from support.interpreter import run_python, shim_env
 
-from msprobe_hooks import bootstrap, patching, preflight
 from msprobe_hooks import config as config_module
+from msprobe_hooks import patching, preflight
 from msprobe_hooks.cli import doctor
 from msprobe_hooks.patches.verl import VERL_PREFLIGHT
 from msprobe_hooks.patches.verl import preflight as implementation
@@ -144,9 +144,8 @@ def device_module(monkeypatch, generate_config):
     settings = config_module.load(
         {"DUMP_ON": "1", "TORCHDYNAMO_DISABLE": "1", "MSPROBE_GENERATE_CONFIG": generate_config}
     )
-    monkeypatch.setattr(bootstrap, "_active", settings)
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
-    patching.apply(VERL_PREFLIGHT, module)
+    patching.apply(VERL_PREFLIGHT, module, config=settings)
     yield module
     patching.revert(VERL_PREFLIGHT.name)
 

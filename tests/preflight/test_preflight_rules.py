@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks import preflight
-from msprobe_hooks.preflight import recipe, verl_config
+from msprobe_hooks.preflight import findings, recipe, verl_config
 
 GPUS = 4
 
@@ -328,7 +328,7 @@ def test_an_unreadable_interpolation_is_reported_on_its_key(generate_config):
     ],
 )
 def test_rollout_backend_comes_from_the_config_and_the_installed_packages(overrides, installed, expected, monkeypatch):
-    monkeypatch.setattr(preflight, "installed", lambda module: installed and module == "vllm_ascend")
+    monkeypatch.setattr(findings, "installed", lambda module: installed and module == "vllm_ascend")
     config = verl_config.compose(verl_config.verl_config_dir(), "ppo_trainer", overrides)
     assert preflight.rollout_backend(config) == expected
     assert preflight.rollout_backend(config, "sglang") == "sglang"

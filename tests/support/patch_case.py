@@ -31,8 +31,9 @@ from importlib import metadata
 from pathlib import Path
 
 from msprobe_hooks import contracts
+from msprobe_hooks.patches import PATCHES
 from msprobe_hooks.patching import APPLIED, SKIPPED, WAITING
-from msprobe_hooks.registry import Patch, builtin_patches
+from msprobe_hooks.registry import Patch
 from support import REPO, STANDINS, megatron_standin
 from support.interpreter import clean_env
 from support.sglang_standin import FAMILIES as SGLANG_STANDINS
@@ -145,7 +146,7 @@ def cases(patches: Sequence[Patch], sites: Sequence[Site] = SITES) -> list[Case]
 
 
 def builtin_cases() -> list[Case]:
-    return cases(builtin_patches())
+    return cases(PATCHES)
 
 
 class Runs:

@@ -26,7 +26,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks import bootstrap, patching, registry
+from msprobe_hooks import bootstrap, patching
+from msprobe_hooks.patches import PATCHES
 
 SPEC = json.loads(sys.argv[1])
 
@@ -81,7 +82,7 @@ def main() -> None:
             if bootstrap.current_config() is None:
                 bootstrap.activate(dict(SPEC["environ"]))
             else:
-                patching.register(registry.builtin_patches())
+                patching.register(PATCHES, bootstrap.current_config())
         elif step == "unpatch":
             bootstrap.deactivate()
         else:

@@ -15,7 +15,7 @@ from support.interpreter import run_python, shim_env
 from cpu_kit import verl_cpu
 from msprobe_hooks import contracts, join_keys
 from msprobe_hooks.patches import PATCHES
-from msprobe_hooks.training import actor_dump
+from msprobe_hooks.training import micro_batch
 
 verl_cpu.register_cpu_platform()
 
@@ -118,14 +118,14 @@ def _v0_batch(prompts: list[list[int]], responses: list[list[int]], mrope: bool)
 def test_v0_layout_prompts_and_prompt_only_micro_batch(mrope: bool) -> None:
     prompts, responses = [[11, 12, 13], [21, 22, 23, 24, 25]], [[31, 32], [41]]
     batch = _v0_batch(prompts, responses, mrope)
-    assert actor_dump.prompt_lengths(batch) == [3, 5]
-    assert not actor_dump.is_trimmed(batch)
-    samples = actor_dump.describe_samples(batch)
+    assert micro_batch.prompt_lengths(batch) == [3, 5]
+    assert not micro_batch.is_trimmed(batch)
+    samples = micro_batch.describe_samples(batch)
     assert [s.prompt_hash for s in samples] == [join_keys.prompt_hash(p) for p in prompts]
     assert [(s.request_id, s.request_ids) for s in samples] == [("turn-1", ["turn-1", "turn-2"]), (None, [])]
     assert [s.padding for s in samples] == [False, True]
-    assert actor_dump.global_step_of(batch) == 7
-    one = actor_dump.prompt_only_micro_batch(batch, 1, 5)
+    assert micro_batch.global_step_of(batch) == 7
+    one = micro_batch.prompt_only_micro_batch(batch, 1, 5)
     assert one["input_ids"].values().tolist() == prompts[1]
     full_positions = batch["position_ids"].unbind()[1]
     assert torch.equal(one["position_ids"].unbind()[0], full_positions[..., :5])
@@ -138,9 +138,9 @@ def test_v1_layout_trimmed_and_equal_length_prompts() -> None:
     samples = [verl_cpu.Sample((5, 6, 7), (), "u0"), verl_cpu.Sample((8, 9, 10), (), "u1")]
     batch = verl_cpu.make_batch(samples)
     # Equal lengths: verl stacks the prompts densely; trimmed: every response is empty.
-    assert not batch["prompts"].is_nested and actor_dump.prompt_lengths(batch) == [3, 3]
-    assert actor_dump.is_trimmed(batch)
-    described = actor_dump.describe_samples(batch)
+    assert not batch["prompts"].is_nested and micro_batch.prompt_lengths(batch) == [3, 3]
+    assert micro_batch.is_trimmed(batch)
+    described = micro_batch.describe_samples(batch)
     assert [(s.uid, s.session_id, s.request_ids, s.seq_len) for s in described] == [("u0", 0, [], 3), ("u1", 0, [], 3)]
 
 
@@ -156,7 +156,7 @@ def test_v1_request_ids_are_read_from_each_samples_extra_fields(top_level: str) 
         if top_level == "none":  # what promotion writes when it saw no id
             row.update(request_id=None, inference_request_ids=None)
         rows.append(row)
-    described = actor_dump.describe_samples(tu.list_of_dict_to_tensordict(rows))
+    described = micro_batch.describe_samples(tu.list_of_dict_to_tensordict(rows))
     assert [(s.request_id, s.request_ids) for s in described] == [
         ("turn-1", ["turn-1", "turn-2"]),
         ("only", ["only"]),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -35,9 +34,14 @@ from packaging.version import Version
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks import debugger, patching
-from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.inference import dispatch_log
-from msprobe_hooks.inference.dispatch_log import ScheduledRequest, StepCounter, StepWindow, make_scheduled_request
+from msprobe_hooks.inference.dispatch_log import (
+    RunnerLog,
+    ScheduledRequest,
+    StepCounter,
+    StepWindow,
+    make_scheduled_request,
+)
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.patches import sglang as records
 from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity
@@ -117,17 +121,24 @@ _redirected: set[int] = set()  # ids of native debuggers already sent to {dump_p
 _warned_unused_config = False
 
 
-@dataclass
-class RunnerDump:
+class SglangRunner(RunnerLog):
     """What one ModelRunner dumps and logs, decided once in ``__init__`` (vLLM's counterpart:
-    ``patches.vllm.model_runner.RunnerDump``)."""
+    ``patches.vllm.runner_state.VllmRunner``)."""
 
-    debugger: Any | None
-    own: bool  # we start/stop/step the debugger; otherwise SGLang does, or nobody
-    dump_all: bool  # own debugger only: every forward, not just those holding prompt tokens
-    rank_id: int | None  # passed to start() (DP > 1), as SGLang's native switch does
-    engine_version: str
-    log: JsonlLog
+    def __init__(
+        self,
+        debugger: Any | None,
+        own: bool,
+        dump_all: bool,
+        rank_id: int | None,
+        engine_version: str,
+        log: JsonlLog,
+    ) -> None:
+        super().__init__("sglang", engine_version, log)
+        self.debugger = debugger
+        self.own = own  # we start/stop/step the debugger; otherwise SGLang does, or nobody
+        self.dump_all = dump_all  # own debugger only: every forward, not just those holding prompt tokens
+        self.rank_id = rank_id  # passed to start() (DP > 1), as SGLang's native switch does
 
     def begin(self, model: Any, forward_batch: Any) -> StepWindow:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
@@ -151,17 +162,7 @@ class RunnerDump:
         rank = self.rank_id
         if rank is None and self.debugger is not None:
             rank = debugger.dump_rank(self.debugger)
-        self.log.write_line(
-            dispatch_log.step_line(
-                engine="sglang",
-                engine_version=self.engine_version,
-                rank=rank if rank is not None else dispatch_log.current_rank(),
-                step=window.step,
-                dumped=dumped,
-                requests=window.requests or [],
-                forward_mode=window.forward_mode,
-            )
-        )
+        self.write(window.step, dumped, window.requests or [], window.forward_mode, rank)
 
 
 def _log_for(root: str) -> JsonlLog:
@@ -203,7 +204,7 @@ def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
 
 def graph_problem(server_args: Any) -> str | None:
     """Why a dump asked for here would come out empty because of CUDA graphs, or None."""
-    cfg = current_config()
+    cfg = _ctx.config
     version = _version
     if version < NATIVE_FROM and cfg is not None and cfg.generate_config:
         return _graph_refusal(server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
@@ -212,9 +213,9 @@ def graph_problem(server_args: Any) -> str | None:
     return None
 
 
-def _setup(runner: Any) -> RunnerDump | None:
+def _setup(runner: Any) -> SglangRunner | None:
     global _warned_unused_config
-    cfg = current_config()
+    cfg = _ctx.config
     if cfg is None:
         return None
     version = str(_version)
@@ -224,7 +225,7 @@ def _setup(runner: Any) -> RunnerDump | None:
         if id(native) not in _redirected:  # the draft runner of a process shares the debugger
             _redirected.add(id(native))
             debugger.set_dump_root(native, os.path.join(root, str(os.getpid())))
-        return RunnerDump(native, own=False, dump_all=True, rank_id=None, engine_version=version, log=_log_for(root))
+        return SglangRunner(native, own=False, dump_all=True, rank_id=None, engine_version=version, log=_log_for(root))
     root = _generate_root(cfg)
     ours = None
     rank_id = None
@@ -241,7 +242,7 @@ def _setup(runner: Any) -> RunnerDump | None:
             cfg.generate_config,
             cfg.generate_config,
         )
-    return RunnerDump(
+    return SglangRunner(
         ours,
         own=ours is not None,
         dump_all=cfg.generate_forwards == config_module.EVERY_FORWARD,
@@ -273,12 +274,12 @@ def _attach_setup(runner: Any) -> None:
     setattr(runner, _STATE_ATTR, _setup(runner))
 
 
-def _begin(runner: RunnerDump, instance: Any, args: tuple, kwargs: dict) -> StepWindow:
+def _begin(runner: SglangRunner, instance: Any, args: tuple, kwargs: dict) -> StepWindow:
     return runner.begin(instance.model, argument(args, kwargs, "forward_batch", 0))
 
 
 def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    runner: RunnerDump | None = getattr(instance, _STATE_ATTR, None)
+    runner: SglangRunner | None = getattr(instance, _STATE_ATTR, None)
     window = None
     if runner is not None:
         window = _ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)

@@ -23,7 +23,7 @@ _VERL_COMMON = (
 )
 
 # What the PROMPTS_ONLY=1 extra forward of both engines uses: the one-sample micro-batch
-# (actor_dump.prompt_only_micro_batch) and the device of the forward-count all-reduce.
+# (micro_batch.prompt_only_micro_batch) and the device of the forward-count all-reduce.
 _PROMPT_FORWARD = (
     Function("verl.utils.device", "get_device_id", ()),
     Function(_TU, "index_select_tensor_dict", ("batch", "indices")),

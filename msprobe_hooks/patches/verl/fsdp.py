@@ -17,10 +17,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks import bootstrap, patching
+from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
-from msprobe_hooks.training.actor_dump import dumper, is_trimmed
+from msprobe_hooks.training.actor_dump import dumper
+from msprobe_hooks.training.micro_batch import is_trimmed
 
 
 def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
@@ -36,7 +37,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         return dumper().run_pass(ctx, wrapped, instance, args, kwargs, is_actor)
 
     def wants_prompt_forwards(micro_batch: Any) -> bool:
-        forward_mode = prompts_only.mode(bootstrap.current_config()) == prompts_only.FORWARD
+        forward_mode = prompts_only.mode(ctx.config) == prompts_only.FORWARD
         return forward_mode and not is_trimmed(micro_batch)
 
     def prompt_forwards(current: Any, engine: Any, wrapped: Any, micro_batch: Any) -> None:

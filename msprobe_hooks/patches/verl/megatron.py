@@ -26,10 +26,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks import bootstrap, patching
+from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
-from msprobe_hooks.training.actor_dump import DumpRefused, dumper, is_trimmed
+from msprobe_hooks.training.actor_dump import DumpRefused, dumper
+from msprobe_hooks.training.micro_batch import is_trimmed
 
 
 def _with_batch_iter(args: tuple, kwargs: dict, batch_iter: Any) -> tuple[tuple, dict]:
@@ -57,7 +58,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
 
     def prompts_only_mode(engine: Any) -> str:
         # The trainer reads the same size from actor.megatron, so both sides agree on trimming.
-        return prompts_only.mode(bootstrap.current_config(), engine.engine_config.pipeline_model_parallel_size)
+        return prompts_only.mode(ctx.config, engine.engine_config.pipeline_model_parallel_size)
 
     def refuse(instance: Any, phase: str, data: Any) -> None:
         if len(instance.module) > 1:
@@ -66,7 +67,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
                 "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
                 "set virtual_pipeline_model_parallel_size to null for the collection run"
             )
-        if phase != LOG_PROB or bootstrap.current_config().prompts_only != prompts_only.FORWARD:
+        if phase != LOG_PROB or ctx.config.prompts_only != prompts_only.FORWARD:
             return
         if prompts_only_mode(instance) == prompts_only.TRIM:
             if not is_trimmed(data):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from msprobe_hooks import bootstrap, preflight
+from msprobe_hooks import preflight
 from msprobe_hooks.config import PREFLIGHT_WARN
 from msprobe_hooks.patching import PatchContext, argument
 
@@ -35,7 +35,7 @@ def _findings(config: object, settings: object) -> tuple[list, list[str]] | None
 
 
 def _check(ctx: PatchContext, config: object) -> None:
-    settings = bootstrap.current_config()
+    settings = ctx.config
     if settings is None:
         return
     # Reading the config is guarded too: a config of a shape we do not know must not stop the run.

@@ -10,7 +10,6 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from msprobe_hooks import bootstrap
 from msprobe_hooks.patching import PatchContext, argument
 from msprobe_hooks.training import prompts_only
 
@@ -20,7 +19,6 @@ def patch(module: ModuleType, ctx: PatchContext) -> None:
         batch = argument(args, kwargs, "batch", 0, None)
         prompts_only.trim_before_old_log_prob(
             ctx,
-            bootstrap.current_config(),
             getattr(instance, "config", None),
             lambda: prompts_only.trim_padded(batch.batch),
         )

@@ -24,10 +24,10 @@ from typing import Any
 import wrapt
 
 from msprobe_hooks import debugger as debugger_module
-from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.log import logger
 from msprobe_hooks.patches.vllm import VLLM_MODEL_RUNNER
 from msprobe_hooks.patches.vllm import model_runner as vllm_model_runner
+from msprobe_hooks.patches.vllm.runner_state import VllmRunner, state_of
 from msprobe_hooks.patching import PatchContext, TargetChanged
 
 _roots: dict[int, str] = {}  # id of a native debugger -> its dump_path before we moved it under {pid}
@@ -36,7 +36,7 @@ _roots: dict[int, str] = {}  # id of a native debugger -> its dump_path before w
 class ObservedDebugger(wrapt.ObjectProxy):
     """vLLM-Ascend's debugger, unchanged, with its ``start()`` and ``step()`` reported to the dispatch log."""
 
-    def __init__(self, wrapped: Any, state: vllm_model_runner.RunnerDump, ctx: PatchContext) -> None:
+    def __init__(self, wrapped: Any, state: VllmRunner, ctx: PatchContext) -> None:
         super().__init__(wrapped)
         self._self_state = state
         self._self_ctx = ctx
@@ -53,8 +53,8 @@ class ObservedDebugger(wrapt.ObjectProxy):
 
 
 def follow_native_debugger(runner: Any, ctx: PatchContext) -> None:
-    state = vllm_model_runner.state_of(runner)
-    cfg = current_config()
+    state = state_of(runner)
+    cfg = ctx.config
     if state is None or cfg is None:
         return
     if cfg.generate_config:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from msprobe_hooks.bootstrap import current_config
 from msprobe_hooks.log import logger
 from msprobe_hooks.patching import PatchContext
 
@@ -26,15 +25,13 @@ class ModelRunnerV2Refused(RuntimeError):
     """Raised from the V2 runner's constructor under MSPROBE_HOOKS_STRICT=1."""
 
 
-def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    message = MESSAGE.format(cls=f"{type(instance).__module__}.{type(instance).__qualname__}")
-    logger().error("%s", message)
-    cfg = current_config()
-    if cfg is not None and cfg.strict:
-        raise ModelRunnerV2Refused(message)
-    return result
-
-
 def patch(module: Any, ctx: PatchContext) -> None:
-    ctx.wrap(module.GPUModelRunner, "__init__", _init)
+    def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        message = MESSAGE.format(cls=f"{type(instance).__module__}.{type(instance).__qualname__}")
+        logger().error("%s", message)
+        if ctx.config is not None and ctx.config.strict:
+            raise ModelRunnerV2Refused(message)
+        return result
+
+    ctx.wrap(module.GPUModelRunner, "__init__", init)

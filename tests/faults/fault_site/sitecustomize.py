@@ -113,12 +113,12 @@ def _install():
     if "prompt_forward" in faults:
         _break_prompt_forward()
     if "cut_prompts" in faults:
-        from msprobe_hooks.training import actor_dump
+        from msprobe_hooks.training import micro_batch
 
         def cut(*args, **kwargs):
             raise RuntimeError(f"cutting a prompt failed ({INJECTED})")
 
-        actor_dump.prompt_only_micro_batch = cut
+        micro_batch.prompt_only_micro_batch = cut
     if "double_activation" in faults:
         import msprobe_hooks
         from msprobe_hooks import bootstrap

@@ -1,0 +1,52 @@
+"""Comparing many pairs: in this process, in a local process pool, or as tasks on a Ray cluster.
+
+Each pair is independent (:func:`.compare.compare_pair`); results come back in completion order,
+with a progress bar on a terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from msprobe_hooks.analysis.compare import compare_pair
+from msprobe_hooks.analysis.pairs import Pair
+from msprobe_hooks.analysis.results import ModuleRow, PairResult
+
+Outcome = tuple[PairResult, list[ModuleRow]]
+
+
+def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str | None = None) -> Iterator[Outcome]:
+    """Every pair compared by ``jobs`` processes (in this one for a single pair or job: a pool costs more)."""
+    from tqdm import tqdm
+
+    workers = max(1, min(jobs, len(pairs)))
+    if workers == 1:
+        for i, pair in enumerate(tqdm(pairs, unit="pair", disable=None)):
+            yield compare_pair(i, pair, threshold, mapping)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(compare_pair, i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
+        for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
+            yield future.result()
+
+
+def compare_on_ray(
+    pairs: Sequence[Pair], threshold: float, address: str, mapping: str | None = None
+) -> Iterator[Outcome]:
+    """Every pair as one task on an existing Ray cluster (verl jobs run one), results in completion order."""
+    import ray
+    from tqdm import tqdm
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1)(compare_pair)
+        pending = [task.remote(i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
+        with tqdm(total=len(pending), unit="pair", disable=None) as bar:
+            while pending:
+                done, pending = ray.wait(pending)
+                for ref in done:
+                    bar.update()
+                    yield ray.get(ref)
+    finally:
+        ray.shutdown()  # disconnects this driver; the cluster stays up

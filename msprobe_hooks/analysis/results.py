@@ -1,0 +1,151 @@
+"""The vocabulary of the answer: row statuses, pair verdicts, unpaired reasons, the threshold, the result types.
+
+``compare`` builds :class:`ModuleRow` and :class:`PairResult` values; the report writes them. The
+fields of :class:`ModuleRow` *are* the columns of ``modules.csv`` (in that order), those of
+:class:`PairResult` the columns of ``pairs.csv``. Nothing here imports pandas, torch or an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class _Text(str, enum.Enum):
+    """A value written into reports as its text: CSV cells, summary lines and pages read the same."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Status(_Text):
+    """What became of one tensor of a pair."""
+
+    COMPARED = "compared"
+    UNMATCHED = "unmatched"  # one side only: never a pass
+    NOT_COMPARABLE = "not comparable"  # both sides, or one by construction, but no like-for-like numbers (reason)
+
+
+class Verdict(_Text):
+    """The answer for one pair."""
+
+    DIVERGES = "diverges"
+    NO_DIVERGENCE = "no divergence above threshold"
+    NOTHING_COMPARED = "nothing compared"  # no tensor could be compared: a collection problem, never a pass
+    FAILED = "failed"  # a dump could not be read
+
+
+class Unpaired(_Text):
+    """Why ``align`` left a dump unpaired, in the order its table lists them."""
+
+    DECODE_ONLY = "decode only"  # the request (or the step) has no prefill rows
+    NOT_FULL_PREFILL = "not a full prefill"  # chunked, prefix-cached, or not shown to hold the whole prompt
+    MULTI_REQUEST = "multi-request step"  # several requests in one dump, not cut to one
+    NOT_DUMPED = "not dumped"  # its prefill step was not dumped (msprobe's step filter, GENERATE_FORWARDS)
+    NOT_PROMPT_ONLY = "not prompt-only"  # a training dump holding response tokens too (PROMPTS_ONLY off)
+    AMBIGUOUS_HASH = "ambiguous hash"  # equal prompts under different ids, or several requests with one prompt
+    OTHER_RANKS_ONLY = "other ranks only"  # Megatron: no generate dump at the training rank
+    REPLICA = "replica"  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
+    NO_JOIN_KEY = "no join key"  # neither a request id nor a prompt hash
+    DUMP_UNREADABLE = "dump unreadable"  # its dump.json is missing or unreadable (named on stderr)
+    NO_COUNTERPART = "no counterpart"  # nothing on the other side carries its key
+
+
+# Relative error of max/min/norm (tensor mode: ||a-b||/||b||) above which a tensor diverges.
+# Measured (reference/train-vs-vllm-dumps.md): identical weights in fp32 <= 1.3e-6; vLLM in bf16
+# against fp32 training up to 1.2e-2 (max/min), 4.3e-3 (norm); one linear's weights x1.05:
+# 4.8e-2 on that linear's output. 2e-2 sits between "the same maths in another precision" and
+# "changed weights"; for fp32 on both sides, --threshold 1e-4 also catches sub-percent changes.
+DEFAULT_THRESHOLD = 2e-2
+# The statistics a verdict is taken on. The mean is reported but not thresholded: on activations
+# whose mean is near zero its relative error is large for the same maths (1.8e-4 measured on
+# identical fp32 weights, against <= 1.3e-6 for max, min and norm).
+THRESHOLDED = ("max", "min", "norm")
+# What the threshold is a relative error of, and what the mean is not; the report's and the help's words.
+THRESHOLD_OF = "of max, min and norm (tensor mode: ||train - inference|| / ||inference||)"
+MEAN_NOT_THRESHOLDED = "the mean is reported, not thresholded (near-zero means)"
+
+
+def _cell(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+@dataclass
+class ModuleRow:
+    """One tensor of one pair: a row of ``modules.csv`` (its fields are the columns, in order).
+
+    ``order`` is the position in the training model's forward (inference-only tensors after it);
+    ``error`` the number the verdict is taken on; None where the status has no such value.
+    """
+
+    pair: int | None = None
+    order: int | None = None
+    layer: int | None = None
+    module: str | None = None
+    io: str | None = None
+    status: Status | None = None
+    error: float | None = None
+    diverges: bool | None = None
+    max_rel: float | None = None
+    min_rel: float | None = None
+    norm_rel: float | None = None
+    mean_rel: float | None = None
+    cosine: float | None = None
+    max_abs: float | None = None
+    tensor_rel: float | None = None
+    train_name: str | None = None
+    generate_name: str | None = None
+    train_shape: str | None = None
+    generate_shape: str | None = None
+    train_dtype: str | None = None
+    generate_dtype: str | None = None
+    reason: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The row as plain values (enums as their text), keyed by column."""
+        return {name: _cell(getattr(self, name)) for name in MODULE_COLUMNS}
+
+
+MODULE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModuleRow))
+
+
+@dataclass
+class PairResult:
+    """The verdict of one pair: a row of ``pairs.csv``.
+
+    ``first_*`` describe the first compared tensor over the threshold, in the training model's
+    order; ``max_*`` the largest error seen. ``message`` says why a pair FAILED (the column is
+    written only when one did).
+    """
+
+    pair: int
+    rule: str = ""
+    key: str = ""
+    train_dump: str = ""
+    generate_dump: str = ""
+    mode: str | None = None
+    compared: int | None = None
+    unmatched: int | None = None
+    not_comparable: int | None = None
+    api_rows: str | None = None
+    verdict: Verdict = Verdict.NOTHING_COMPARED
+    first_module: str = ""
+    first_io: str = ""
+    first_error: float | None = None
+    first_order: int | None = None
+    first_train_name: str = ""
+    first_generate_name: str = ""
+    max_error: float | None = None
+    max_module: str = ""
+    message: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {name: _cell(getattr(self, name)) for name in PAIR_RESULT_COLUMNS}
+
+
+PAIR_RESULT_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PairResult))

@@ -1,0 +1,93 @@
+"""``msprobe-hooks compare pairs.jsonl -o report/``: the command around :mod:`msprobe_hooks.analysis.compare`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, THRESHOLD_OF
+
+DESCRIPTION = """\
+Compare every pair that `msprobe-hooks align` wrote, module by module, across the two engines' names
+(fused qkv_proj/gate_up_proj from their parts, vLLM's (hidden, residual) norms), and name the first
+module, in the model's order, where the training forward and the inference prefill diverge. Writes
+into the report folder: summary.md, modules.csv (every tensor of every pair), pairs.csv (one line per
+pair), error_by_depth.png and index.html (one page that opens offline). Exit status: 0 compared
+(whatever the verdict), 1 a pair failed or had nothing to compare, 2 bad input. See docs/analysis.md."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pairs", help="the pairs file written by align")
+    parser.add_argument("-o", "--output", default="report", help="the report folder (default report/)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"the relative error {THRESHOLD_OF} above which a tensor diverges (default {DEFAULT_THRESHOLD:g}: "
+        "above bf16-vs-fp32 noise, below a 5%% weight change; see docs/analysis.md)",
+    )
+    parser.add_argument(
+        "--mapping",
+        metavar="FILE",
+        help="a name-map file (YAML or JSON, the form of the built-in one) whose rules add to or replace the "
+        "built-in rules, for a model the built-in map does not know (docs/analysis.md, 'The name map')",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="processes comparing pairs (default: all cores)"
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the pairs as tasks on the existing Ray cluster at ADDRESS (host:port, or auto) instead of a "
+        "local pool; the dumps must be readable from its nodes (shared storage)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from msprobe_hooks.analysis import names, pairs, pool, report
+    from msprobe_hooks.analysis.results import Verdict
+
+    def fail(message: str) -> int:
+        print(f"msprobe-hooks compare: {message}", file=sys.stderr)
+        return 2
+
+    if not math.isfinite(args.threshold) or args.threshold <= 0:
+        return fail(f"--threshold {args.threshold}: expected a positive number")
+    if args.jobs < 1:
+        return fail(f"--jobs {args.jobs}: expected 1 or more")
+    mapping = os.path.abspath(args.mapping) if args.mapping else None
+    try:
+        names.load(mapping)  # a bad mapping file fails here, before any pair
+    except names.MappingError as exc:
+        return fail(str(exc))
+    try:
+        pair_list = list(pairs.read(args.pairs))
+    except OSError as exc:
+        return fail(f"cannot read {args.pairs}: {exc.strerror}")
+    except pairs.PairsFileError as exc:
+        return fail(str(exc))
+    if not pair_list:
+        return fail(f"{args.pairs} holds no pairs (run align first)")
+    results, rows = [], []
+    if args.ray:
+        outcomes = pool.compare_on_ray(pair_list, args.threshold, args.ray, mapping)
+    else:
+        outcomes = pool.compare_all(pair_list, args.threshold, args.jobs, mapping)
+    try:
+        for result, pair_rows in outcomes:
+            results.append(result)
+            rows.extend(pair_rows)
+    except ImportError as exc:
+        return fail(f"--ray {args.ray}: cannot import ray ({exc}); install ray")
+    except (ConnectionError, RuntimeError) as exc:
+        if not args.ray:
+            raise
+        return fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
+    written = report.write(args.output, results, rows, args.threshold)
+    for line in report.summary_lines(results, args.threshold):
+        print(line)
+    print(f"report: {written}")
+    # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.
+    return 1 if any(r.verdict in (Verdict.FAILED, Verdict.NOTHING_COMPARED) for r in results) else 0

@@ -1,0 +1,52 @@
+"""Reading a vLLM model step: the scheduled requests in packed order, and whether the engine is eager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request
+from msprobe_hooks.patches.vllm.runner_state import VllmRunner
+
+
+def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> list[ScheduledRequest]:
+    """The step's requests in packed order: ``input_batch`` rows as ``_update_states`` left them."""
+    batch = runner.input_batch
+    request_ids = batch.req_ids
+    rows = len(request_ids)
+    computed = batch.num_computed_tokens_cpu[:rows].tolist()  # one conversion, not one per row
+    prompt_lens = batch.num_prompt_tokens[:rows].tolist()
+    new_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs}
+    tokens = scheduler_output.num_scheduled_tokens
+    known = state.known
+    requests = []
+    for request_id, done, prompt_len in zip(request_ids, computed, prompt_lens, strict=True):
+        scheduled = tokens.get(request_id)
+        if not scheduled:
+            continue
+        new = request_id in new_ids
+        identity = known.get(request_id)
+        if identity is None or new:  # a running request keeps its id and prompt: looked up once
+            identity = known[request_id] = state.identify(runner, request_id)
+        base, prompt_hash = identity
+        requests.append(
+            make_scheduled_request((request_id, base, new, scheduled, done, prompt_len, prompt_hash, False))
+        )
+    if len(known) > 2 * len(runner.requests) + 64:  # finished requests piled up
+        state.known = {k: v for k, v in known.items() if k in runner.requests}
+    state.prompts.retain(runner.requests)
+    return requests
+
+
+def not_eager(runner: Any) -> str | None:
+    """Why msprobe's hooks would not run in this engine's forward, or None when it is eager."""
+    compilation = runner.compilation_config
+    mode = getattr(compilation, "mode", None)  # CompilationMode (0.11.1+)
+    if mode is None:
+        mode = getattr(compilation, "level", None)  # 0.11.0: CompilationLevel int
+    graphs = compilation.cudagraph_mode
+    reasons = []
+    if mode is not None and int(mode) != 0:
+        reasons.append(f"compilation mode {getattr(mode, 'name', mode)}")
+    if graphs is not None and graphs.name != "NONE":
+        reasons.append(f"cudagraph_mode {graphs.name}")
+    return ", ".join(reasons) or None

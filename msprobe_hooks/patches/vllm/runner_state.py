@@ -1,0 +1,162 @@
+"""The state of one vLLM model runner: the requests of each model step, its msprobe step numbers, the
+debugger followed (vLLM-Ascend's own) or driven (GPU vLLM with ``MSPROBE_GENERATE_CONFIG``).
+
+The wrappers of :mod:`.model_runner` and the vLLM-Ascend patch (:mod:`.ascend_model_runner`) report into
+it: a line is written once a step's requests and its msprobe ``start()`` are both known, so ``step`` is
+the folder msprobe dumps that forward into.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from msprobe_hooks.config import Config
+from msprobe_hooks.contracts import module_version
+from msprobe_hooks.debugger import DebuggerUnavailable, get_debugger, is_recording
+from msprobe_hooks.inference.dispatch_log import (
+    PromptHashes,
+    RunnerLog,
+    ScheduledRequest,
+    StepCounter,
+    StepWindow,
+    open_log,
+)
+from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.log import logger
+
+_states: weakref.WeakKeyDictionary[Any, VllmRunner] = weakref.WeakKeyDictionary()
+
+
+def randomizes_request_ids(vllm_version: str | None, environ: Any = os.environ) -> bool:
+    """Whether vLLM turns request ids into ``{id}-{8 hex}``: from 0.14, unless opted out (0.17+).
+
+    An unknown version follows the opt-out too: a user who set it gets the ids the client sent.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        opted_out = bool(int(environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0")))  # vLLM's own parsing
+    except ValueError:
+        opted_out = False
+    try:
+        version = Version(vllm_version or "")
+    except InvalidVersion:
+        return not opted_out  # else stripping a suffix vLLM did not add is the lesser harm
+    if version < Version("0.14.0.dev0"):
+        return False
+    return version < Version("0.17.0.dev0") or not opted_out
+
+
+class VllmRunner(RunnerLog):
+    """What one vLLM model runner dumps and logs: its step numbering, the requests of each step, the debugger
+    followed or driven (SGLang's counterpart: ``patches.sglang.model_runner.SglangRunner``)."""
+
+    def __init__(self, runner: Any, cfg: Config) -> None:
+        ascend = type(runner).__module__.split(".")[0] == "vllm_ascend"
+        engine = "vllm-ascend" if ascend else "vllm"
+        super().__init__(engine, module_version("vllm_ascend" if ascend else "vllm"), open_log(cfg.generate_dump_root))
+        self.strips_suffix = randomizes_request_ids(module_version("vllm"))
+        self.prompts = PromptHashes()
+        self.known: dict[str, tuple[str, str | None]] = {}  # request id -> (the id the client sent, prompt hash)
+        self.counter = StepCounter()
+        self.dump_root = cfg.generate_dump_root
+        self.debugger: Any = None  # the msprobe debugger whose steps the lines follow
+        self.drive_config: str | None = None  # set when this patch creates and drives msprobe (GPU vLLM)
+        self.in_step = False  # a start() of ours awaits its stop()/step()
+        self.window: StepWindow | None = None
+        self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
+
+    # --- following a debugger ------------------------------------------------------------------
+
+    def follow(self, debugger: Any, dump_root: str) -> None:
+        """Number lines by ``debugger``'s steps; the log goes next to its dumps."""
+        self.debugger = debugger
+        self.dump_root = dump_root
+        self.log = open_log(dump_root)
+
+    def on_batch(self, requests: list[ScheduledRequest]) -> None:
+        """The requests of a model step, in packed order (after ``_update_states``)."""
+        if self.debugger is None:  # no msprobe: nothing to wait for
+            self.write(self.counter.take(), False, requests)
+            return
+        window = self.window
+        if window is not None and window.started:
+            # start() came first (vLLM-Ascend 0.20-0.23 starts before _update_states), or a
+            # second forward runs inside one msprobe step: either way, that step's folder.
+            window.requests = requests
+            self.write(window.step, window.dumped, requests)
+            return
+        if window is not None and window.requests is not None:
+            self._write_unstarted(window)
+        self.window = StepWindow()
+        self.window.requests = requests
+
+    def on_started(self) -> None:
+        """The followed debugger's ``start()`` returned."""
+        window = self.window
+        if window is None or window.started:
+            window = self.window = StepWindow()
+        window.started = True
+        window.step = self.counter.take(self.debugger)
+        window.dumped = is_recording()
+        if window.requests is not None:
+            self.write(window.step, window.dumped, window.requests)
+
+    def on_stepped(self) -> None:
+        """The followed debugger's ``step()`` returned: its step is over."""
+        window, self.window = self.window, None
+        if window is not None and not window.started and window.requests is not None:
+            self._write_unstarted(window)
+
+    def _write_unstarted(self, window: StepWindow) -> None:
+        # A model step no start() covered (an early return between _update_states and start()).
+        self.write(self.counter.take(), False, window.requests or [])
+
+    def identify(self, runner: Any, request_id: str) -> tuple[str, str | None]:
+        """(the id the client sent, the prompt hash) of a request the runner holds."""
+        base = strip_vllm_suffix(request_id) if self.strips_suffix else request_id
+        cached = runner.requests.get(request_id)
+        return base, self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
+
+    # --- driving msprobe (GPU vLLM) ------------------------------------------------------------
+
+    def create_debugger(self) -> None:
+        assert self.drive_config is not None
+        dump_path = os.path.join(self.dump_root, str(os.getpid()))
+        try:
+            self.debugger = get_debugger(self.drive_config, dump_path)
+        except DebuggerUnavailable as exc:
+            logger().error("no msprobe dumps in this vLLM worker: %s", exc)
+            self.drive_config = None
+
+    def start(self, runner: Any, requests: list[ScheduledRequest]) -> None:
+        if self.in_step:  # the last step never reached sample_tokens()
+            self.finish()
+        # Packed order, so that msprobe's request_id slicing cuts the right rows; keyed by the id
+        # the client sent when those are unique, so a config can name it despite vLLM's suffix.
+        bases = {r.request_id_base for r in requests}
+        by_base = len(bases) == len(requests)
+        scheduled = {(r.request_id_base if by_base else r.request_id): r.tokens for r in requests}
+        self.debugger.start(model=runner.get_model(), scheduled_tokens=scheduled)
+        self.in_step = True
+        self.on_started()
+
+    def finish(self) -> None:
+        if not self.in_step:
+            return
+        self.in_step = False
+        try:
+            self.debugger.stop()
+            self.debugger.step()
+        finally:
+            self.on_stepped()  # the window closes even if msprobe failed
+
+
+def state_of(runner: Any) -> VllmRunner | None:
+    return _states.get(runner)
+
+
+def set_state(runner: Any, state: VllmRunner) -> None:
+    _states[runner] = state

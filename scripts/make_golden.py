@@ -1,0 +1,127 @@
+"""Cut the golden dump trees of ``tests/golden/`` from real engine runs (run once; the result is checked in).
+
+    .venv/bin/python scripts/make_golden.py [OUT]        (default tests/golden; needs .venv-vllm, .venv-sglang)
+
+The fast tier (``make test-fast``) tests names, align, compare and the report on these trees
+without starting an engine. Each naming gets a folder holding the trees ``align`` reads: the
+training side as ``actor/`` (``{pid}/update_actor_log.jsonl`` and ``step{N}/rank{R}/dump.json``), the
+inference side as ``generate/`` (``{pid}/dispatch_log.jsonl`` and its dumps). They come from the
+tests' own helpers (``tests/support/compare_runs.py``) on a tiny random Qwen2 (2 layers, hidden 64,
+head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mode pair:
+
+* ``fsdp2/`` verl's real FSDP2 engine (``PROMPTS_ONLY=1`` prompt-only dumps), ``vllm/`` vLLM's CPU
+  engine, ``sglang/`` SGLang's CPU engine, ``tensor/`` the FSDP2 and vLLM trees in tensor mode;
+* ``fsdp1/`` the FSDP2 tree with its module names as FSDP1 writes them (``_fsdp_wrapped_module.``
+  at the root and in each decoder layer): FSDP1 does not run on a CPU, the rewrite is the only
+  change, and it is said so here and in the tree's README;
+* a weights copy with ``layers.1.mlp.down_proj`` x1.05 for vLLM (``vllm_perturbed/``).
+
+msprobe's ``stack.json`` and ``construct.json`` are dropped (compare reads neither).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [os.fspath(REPO / "tests"), os.fspath(REPO)]
+
+from support.compare_runs import msprobe_config, run_sglang, run_training, run_vllm  # noqa: E402
+
+from cpu_kit import verl_cpu  # noqa: E402
+
+PROMPTS = [[5, 17, 42, 9, 77, 23], [64, 3, 31, 90, 12]]  # two prompts, unequal lengths
+PERTURBED = ("model.layers.1.mlp.down_proj.weight", 1.05)
+README = "README.md"
+
+
+def _copy_tree(source: Path, target: Path, rename=None) -> None:
+    """``source`` to ``target``: logs and dump.json files (and tensor files), names rewritten by ``rename``."""
+    for path in sorted(source.rglob("*")):
+        if path.is_dir() or path.name in ("stack.json", "construct.json"):
+            continue
+        relative = path.relative_to(source)
+        out = target / relative
+        if rename is not None and out.parent.name == "dump_tensor_data":
+            out = out.with_name(rename(out.name))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if path.name == "dump.json" and rename is not None:
+            data = json.loads(path.read_text())
+            data["data"] = {rename(name): _renamed_files(entry, rename) for name, entry in data["data"].items()}
+            out.write_text(json.dumps(data, indent=1))
+        else:
+            shutil.copyfile(path, out)
+
+
+def _renamed_files(entry: object, rename) -> object:
+    if isinstance(entry, dict):
+        return {k: (rename(v) if k == "data_name" and isinstance(v, str) else _renamed_files(v, rename)) for k, v in entry.items()}
+    if isinstance(entry, list):
+        return [_renamed_files(v, rename) for v in entry]
+    return entry
+
+
+def fsdp1_name(name: str) -> str:
+    """An FSDP2 module name as FSDP1 (one FSDP unit per decoder layer and one at the root) dumps it."""
+    if not name.startswith("Module."):
+        return name
+    head, rest = name.split(".", 1)
+    rest = f"_fsdp_wrapped_module.{rest}"
+    parts = rest.split(".")
+    for i in range(len(parts) - 1):
+        if parts[i] == "layers" and parts[i + 1].isdigit() and i + 2 < len(parts) - 3:
+            parts.insert(i + 2, "_fsdp_wrapped_module")
+            break
+    return f"{head}.{'.'.join(parts)}"
+
+
+def _perturb(model: Path, copy: Path) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, copy, dirs_exist_ok=True)
+    weights = load_file(os.fspath(model / "model.safetensors"))
+    weights[PERTURBED[0]] = weights[PERTURBED[0]] * PERTURBED[1]
+    save_file(weights, os.fspath(copy / "model.safetensors"), metadata={"format": "pt"})
+    return copy
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "tests" / "golden").resolve()
+    with tempfile.TemporaryDirectory(prefix="golden-") as folder:
+        work = Path(folder)
+        model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
+        perturbed = _perturb(model, work / "perturbed")
+        prompts = work / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(PROMPTS)))
+        stats = msprobe_config(work / "statistics.json")
+        tensor = msprobe_config(work / "tensor.json", task="tensor")
+        trees = {
+            "fsdp2": run_training(work / "fsdp2", model, prompts, stats),
+            "vllm": run_vllm(work / "vllm", model, prompts, stats),
+            "vllm_perturbed": run_vllm(work / "vllm_perturbed", perturbed, prompts, stats),
+            "sglang": run_sglang(work / "sglang", model, prompts, stats),
+            "tensor/actor": run_training(work / "tensor-train", model, prompts, tensor),
+            "tensor/generate": run_vllm(work / "tensor-vllm", model, prompts, tensor),
+        }
+        if out.exists():
+            shutil.rmtree(out)
+        for name, tree in trees.items():
+            side = "" if "/" in name else ("actor" if name == "fsdp2" else "generate")
+            _copy_tree(tree, out / name / side if side else out / name)
+        _copy_tree(trees["fsdp2"], out / "fsdp1" / "actor", rename=fsdp1_name)
+    (out / README).write_text(__doc__.split("\n\n", 2)[2].replace("``", "`"))
+    sizes = {p.relative_to(out).parts[0]: 0 for p in out.iterdir() if p.is_dir()}
+    for path in out.rglob("*"):
+        if path.is_file() and path.relative_to(out).parts[0] in sizes:
+            sizes[path.relative_to(out).parts[0]] += path.stat().st_size
+    print("\n".join(f"{name}: {size / 1024:.0f} KiB" for name, size in sorted(sizes.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

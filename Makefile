@@ -2,6 +2,8 @@
 #   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
 #   make test   install into .venv, .venv-vllm and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
+#   make test-fast   lint and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
+#   make dist   the wheel to carry into a cluster's container (dist/)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
@@ -31,7 +33,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-vllm install-sglang demo test bench docs clean verl-tests chromium
+.PHONY: install install-vllm install-sglang demo test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +82,16 @@ test: install install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+
+# The in-process tier (markers in pyproject.toml): no engine, no fresh interpreter; analysis on tests/golden.
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -m "not engine and not interpreter"
+
+# The wheel to carry into a cluster's container: pip install dist/msprobe_hooks-*.whl
+dist: install
+	rm -rf dist && $(BIN)/pip wheel -q --no-deps -w dist .
 
 bench: install install-vllm install-sglang
 	$(BIN)/python benchmarks/run_all.py

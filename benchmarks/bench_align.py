@@ -19,9 +19,8 @@ import time
 from msprobe_hooks.analysis import align
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, step_line
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import TRAINING_LOG, prompt_hash
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.training import actor_dump
 
 REQUESTS = 1000
 DECODES = 99
@@ -41,7 +40,7 @@ def build(root: str) -> tuple[str, str]:
     """Both trees, written by the real log writers (``{root}/{this pid}/...``)."""
     train, generate = os.path.join(root, "actor"), os.path.join(root, "generate")
     hashes = [prompt_hash(range(i, i + PROMPT_LEN)) for i in range(REQUESTS)]
-    train_log = JsonlLog(train, actor_dump.LOG_FILENAME)
+    train_log = JsonlLog(train, TRAINING_LOG)
     for i in range(REQUESTS):
         sample = {"index": 0, "uid": f"u{i}", "session_id": 0, "request_id": f"req-{i}", "request_ids": [f"req-{i}"]}
         sample.update(prompt_len=PROMPT_LEN, prompt_hash=hashes[i], seq_len=PROMPT_LEN + 64)

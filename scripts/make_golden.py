@@ -16,7 +16,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   change, and it is said so here and in the tree's README;
 * a weights copy with ``layers.1.mlp.down_proj`` x1.05 for vLLM (``vllm_perturbed/``).
 
-msprobe's ``stack.json`` and ``construct.json`` are dropped (compare reads neither).
+msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
+none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
 """
 
 from __future__ import annotations
@@ -35,32 +36,42 @@ from support.compare_runs import msprobe_config, run_sglang, run_training, run_v
 
 from cpu_kit import verl_cpu  # noqa: E402
 
-PROMPTS = [[5, 17, 42, 9, 77, 23], [64, 3, 31, 90, 12]]  # two prompts, unequal lengths
+PROMPTS = [
+    [5, 17, 42, 9, 77, 23],
+    [64, 3, 31, 90],
+]  # unequal lengths, and so are prompt + response (verl stacks equal ones)
 PERTURBED = ("model.layers.1.mlp.down_proj.weight", 1.05)
 README = "README.md"
 
 
 def _copy_tree(source: Path, target: Path, rename=None) -> None:
-    """``source`` to ``target``: logs and dump.json files (and tensor files), names rewritten by ``rename``."""
+    """``source`` to ``target``: logs, dump.json files (compact JSON, content unchanged) and activation tensors.
+
+    ``rename`` rewrites module names. Parameter tensors are left out (compare never reads them).
+    """
     for path in sorted(source.rglob("*")):
-        if path.is_dir() or path.name in ("stack.json", "construct.json"):
+        if path.is_dir() or path.name in ("stack.json", "construct.json") or ".parameters." in path.name:
             continue
-        relative = path.relative_to(source)
-        out = target / relative
+        out = target / path.relative_to(source)
         if rename is not None and out.parent.name == "dump_tensor_data":
             out = out.with_name(rename(out.name))
         out.parent.mkdir(parents=True, exist_ok=True)
-        if path.name == "dump.json" and rename is not None:
+        if path.name == "dump.json":
             data = json.loads(path.read_text())
-            data["data"] = {rename(name): _renamed_files(entry, rename) for name, entry in data["data"].items()}
-            out.write_text(json.dumps(data, indent=1))
+            if rename is not None:
+                data["data"] = {rename(name): _renamed_files(entry, rename) for name, entry in data["data"].items()}
+            out.write_text(json.dumps(data, separators=(",", ":")))
         else:
             shutil.copyfile(path, out)
 
 
 def _renamed_files(entry: object, rename) -> object:
+    """An entry with the tensor file names (``data_name``) it holds renamed too."""
     if isinstance(entry, dict):
-        return {k: (rename(v) if k == "data_name" and isinstance(v, str) else _renamed_files(v, rename)) for k, v in entry.items()}
+        return {
+            k: rename(v) if k == "data_name" and isinstance(v, str) else _renamed_files(v, rename)
+            for k, v in entry.items()
+        }
     if isinstance(entry, list):
         return [_renamed_files(v, rename) for v in entry]
     return entry
@@ -97,7 +108,9 @@ def main() -> int:
         model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
         perturbed = _perturb(model, work / "perturbed")
         prompts = work / "prompts.jsonl"
-        prompts.write_text("".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(PROMPTS)))
+        prompts.write_text(
+            "".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(PROMPTS))
+        )
         stats = msprobe_config(work / "statistics.json")
         tensor = msprobe_config(work / "tensor.json", task="tensor")
         trees = {

@@ -28,6 +28,7 @@ from msprobe_hooks.analysis.statistics import (
     tensor_errors,
     thresholded_error,
 )
+from msprobe_hooks.analysis.verdict import FixedRule, StepRule
 
 
 @dataclass
@@ -267,7 +268,16 @@ def compare_pair(
     for row in rows:
         row.pair = result.pair
     compared = [r for r in rows if r.status is Status.COMPARED]
-    first = next((r for r in compared if r.diverges), None)
+    steps = StepRule().steps(rows)
+    before = 0.0
+    stepped = None
+    for row, up in steps:
+        row.steps_up = up
+        if up and stepped is None:
+            stepped, result.first_before = row, before
+        before = max(before, row.error)
+    fixed = FixedRule(threshold).first(rows)
+    first = stepped or fixed
     worst = max(compared, key=lambda r: r.error, default=None)
     result.mode = "tensor" if any(r.cosine is not None for r in compared) else "statistics"
     result.compared = len(compared)
@@ -275,7 +285,10 @@ def compare_pair(
     result.not_comparable = sum(r.status is Status.NOT_COMPARABLE for r in rows)
     result.api_rows = f"{train.api_rows}/{generate.api_rows}"
     result.verdict = Verdict.DIVERGES if first else (Verdict.NO_DIVERGENCE if compared else Verdict.NOTHING_COMPARED)
+    if fixed is not None:
+        result.threshold_module, result.threshold_io, result.threshold_error = fixed.module, fixed.io, fixed.error
     if first is not None:
+        result.first_rule = "step" if first is stepped else "threshold"
         result.first_module, result.first_io, result.first_error = first.module, first.io, first.error
         result.first_order = first.order
         result.first_train_name, result.first_generate_name = first.train_name, first.generate_name

@@ -32,6 +32,18 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 
 
+def _by_rule(r: PairResult, threshold: float) -> str:
+    """Why ``r``'s first divergence is one, and what the fixed threshold says when it names another row."""
+    if r.first_rule == "step":
+        why = f"error {r.first_error:.3g}, a step up from {r.first_before:.3g} before it"
+    else:
+        why = f"error {r.first_error:.3g} > {threshold:g}"
+    if (r.threshold_module, r.threshold_io) != (r.first_module, r.first_io):
+        named = f"{r.threshold_module} {r.threshold_io}" if r.threshold_module else "nothing"
+        why += f"; the fixed threshold {threshold:g} names {named}"
+    return why
+
+
 def overall(results: Sequence[PairResult], threshold: float) -> str:
     """One sentence: the earliest first divergence over all pairs, or the largest error seen."""
     diverging = [r for r in results if r.verdict is Verdict.DIVERGES]
@@ -40,7 +52,7 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
         same = sum(r.first_module == earliest.first_module for r in diverging)
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
-            f"(error {earliest.first_error:.3g} > {threshold:g}; first in {same} of {len(results)} pairs)"
+            f"({_by_rule(earliest, threshold)}; first in {same} of {len(results)} pairs)"
         )
     measured = [r for r in results if r.max_error is not None]
     if measured:
@@ -59,7 +71,7 @@ def summary_lines(results: Sequence[PairResult], threshold: float) -> list[str]:
         elif r.verdict is Verdict.DIVERGES:
             lines.append(
                 f"  pair {r.pair} ({r.key}): {r.first_module} {r.first_io} diverges "
-                f"(error {r.first_error:.3g}); {r.compared} compared, {r.unmatched} unmatched"
+                f"({_by_rule(r, threshold)}); {r.compared} compared, {r.unmatched} unmatched"
             )
         else:
             largest = f"largest error {r.max_error:.3g} at {r.max_module}; " if r.max_error is not None else ""

@@ -105,6 +105,7 @@ class ModuleRow:
     train_dtype: str | None = None
     generate_dtype: str | None = None
     reason: str | None = None
+    steps_up: bool | None = None  # the step rule's flag (verdict.StepRule); diverges is the fixed threshold's
 
     def record(self) -> dict[str, Any]:
         """The row as plain values (enums as their text), keyed by column."""
@@ -118,9 +119,11 @@ MODULE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Modul
 class PairResult:
     """The verdict of one pair: a row of ``pairs.csv``.
 
-    ``first_*`` describe the first compared tensor over the threshold, in the training model's
-    order; ``max_*`` the largest error seen. ``message`` says why a pair FAILED (the column is
-    written only when one did).
+    ``first_*`` describe the pair's first divergence, in the training model's order: the step rule's
+    (``first_rule`` "step", ``first_before`` the largest error before it), else the fixed threshold's
+    ("threshold"); ``threshold_*`` the fixed threshold's own first row, so that both can be reported
+    when they disagree. ``max_*`` is the largest error seen. ``message`` says why a pair FAILED (the
+    column is written only when one did).
     """
 
     pair: int
@@ -142,6 +145,11 @@ class PairResult:
     first_generate_name: str = ""
     max_error: float | None = None
     max_module: str = ""
+    first_rule: str = ""
+    first_before: float | None = None
+    threshold_module: str = ""
+    threshold_io: str = ""
+    threshold_error: float | None = None
     message: str | None = None
 
     def record(self) -> dict[str, Any]:

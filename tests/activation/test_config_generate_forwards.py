@@ -7,6 +7,8 @@ from support.interpreter import clean_env
 
 from msprobe_hooks import config
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, "prefill"), ("all", "all"), (" ALL ", "all"), ("", "prefill")])
 def test_values(raw, expected):

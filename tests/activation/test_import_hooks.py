@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from support.interpreter import clean_env, run_python
+
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
 
 CODE = """
 import importlib.machinery, json, sys

@@ -10,7 +10,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support.interpreter import clean_env, run_python, shim_env
+
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
 
 DRIVER = """
 import json, os, sys

@@ -10,6 +10,8 @@ from support.interpreter import run_python, shim_env
 
 from msprobe_hooks import config as config_module
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 REPORT = """
 import json, os, sys
 print(json.dumps({

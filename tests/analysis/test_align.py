@@ -28,6 +28,8 @@ from msprobe_hooks.analysis import pairs as pairs_file
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import prompt_hash
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 SAMPLES = verl_cpu.random_samples(4, seed=0)
 SUFFIX = "-1a2b3c4d"  # vLLM >= 0.14 appends one to every client id
 GEN_PID = 4242

@@ -24,6 +24,8 @@ from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_L
 from msprobe_hooks.analysis import compare, names, pairs
 from msprobe_hooks.analysis.statistics import fuse
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 # Per decoder layer: the two norms, qkv, o_proj, attn, self_attn, gate_up, act_fn, down_proj, mlp
 # (inputs and outputs) and the layer's output; plus the embedding and the final norm.
 COMPARED_PER_PAIR = 19 * LAYERS + 4

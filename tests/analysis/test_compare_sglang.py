@@ -17,6 +17,8 @@ from support.compare_runs import align, msprobe_config, run_compare, run_sglang,
 from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
 from msprobe_hooks.analysis import compare, names
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 # As against vLLM: per decoder layer 19 tensors, plus the embedding and the final norm.
 COMPARED_PER_PAIR = 19 * LAYERS + 4
 

@@ -7,11 +7,14 @@ import sys
 from pathlib import Path
 
 import pandas
+import pytest
 from support import REPO
 from support.interpreter import clean_env
 from support.verl_runs import HANG_LIMIT_S
 
 from cpu_kit.demo_inputs import PERTURBED_MODULE, PROMPT_LENS
+
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
 
 def test_demo_names_the_planted_fault(tmp_path: Path) -> None:

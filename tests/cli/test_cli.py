@@ -15,6 +15,8 @@ from support.interpreter import clean_env, shim_env
 
 from msprobe_hooks.cli.launch import shim_dir
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 PROBE = "import json, msprobe_hooks; print(json.dumps(msprobe_hooks.current_config() is not None))"
 
 

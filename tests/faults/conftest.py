@@ -3,12 +3,22 @@ when the whole matrix ran (a partial selection prints what ran and leaves the fi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from support.verl_runs import EngineRun, run_engine
 
 from cpu_kit import verl_cpu
 
 from . import fault_matrix, verl_faults
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every cell runs real engines or fresh interpreters: an engine tier (make test-fast leaves it out)."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.engine)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -10,6 +10,8 @@ from support.patch_case import SITES, PatchTestCase, Runs, builtin_cases
 
 from msprobe_hooks.patches import PATCHES
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 CASES = builtin_cases()
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.interpreter import clean_env, run_python
+
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
 
 CHILD = """
 import json, os, torch

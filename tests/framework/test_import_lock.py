@@ -9,8 +9,11 @@ import lock), and its hook applies ``test.lock_b`` once the body has run. Events
 
 from __future__ import annotations
 
+import pytest
 from support import STANDINS
 from support.interpreter import run_python, shim_env
+
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
 
 SITE = STANDINS / "import_lock_site"
 

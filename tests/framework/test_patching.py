@@ -10,6 +10,8 @@ import pytest
 from support import STANDINS
 from support.interpreter import run_python, shim_env
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 SITE = STANDINS / "fake_site"
 
 STATE = """

@@ -8,7 +8,6 @@ from support.dispatch_lines import step_record
 
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import (
-    FILENAME,
     PromptHashes,
     ScheduledRequest,
     StepCounter,
@@ -18,7 +17,7 @@ from msprobe_hooks.inference.dispatch_log import (
     phase,
     step_line,
 )
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import DISPATCH_LOG, prompt_hash
 
 
 def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:
@@ -177,7 +176,7 @@ def test_record_fields_offsets_and_totals():
 def test_log_file_is_per_process_under_the_root(tmp_path):
     log = open_log(str(tmp_path))
     log.write({"step": 0})
-    assert (tmp_path / str(os.getpid()) / FILENAME).read_text() == '{"step":0}\n'
+    assert (tmp_path / str(os.getpid()) / DISPATCH_LOG).read_text() == '{"step":0}\n'
 
 
 def test_rank_is_zero_without_torch_distributed():

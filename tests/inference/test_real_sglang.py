@@ -27,6 +27,8 @@ from support.sglang_standin import dispatch_log, dumped_modules, step_folders
 from cpu_kit import verl_cpu
 from msprobe_hooks.join_keys import prompt_hash
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 PROMPTS = {"req-a": [5, 6, 7, 8], "req-b": [9, 10, 11], "req-c": [5, 6, 7, 20, 21]}
 MAX_NEW_TOKENS = {"req-a": 3, "req-b": 3, "req-c": 2}
 WAVES = [

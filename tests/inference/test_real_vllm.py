@@ -23,6 +23,8 @@ from support.vllm_standin import dispatch_log, dumped_steps
 from cpu_kit import verl_cpu
 from msprobe_hooks.join_keys import prompt_hash
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 PROMPTS = {
     "solo": [3, 4, 5, 6, 7, 8],
     "a": [5, 6, 7, 8, 9],

@@ -23,6 +23,8 @@ from support.sglang_standin import (
 
 from msprobe_hooks.join_keys import prompt_hash
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 MODULES = {
     "Module.embed_tokens.Embedding.forward.0",
     "Module.layers.0.mlp.Linear.forward.0",

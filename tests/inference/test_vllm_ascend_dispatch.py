@@ -20,6 +20,8 @@ from support.vllm_standin import (
     run_scenario,
 )
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 ASCEND = {**MIXED, "worker_cls": "vllm_ascend.worker.worker.NPUWorker"}
 INSPECT = """
 from msprobe_hooks import debugger

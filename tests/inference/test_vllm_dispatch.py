@@ -32,6 +32,8 @@ from support.vllm_standin import (
 from msprobe_hooks.join_keys import prompt_hash
 from msprobe_hooks.patches.vllm.runner_state import randomizes_request_ids
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> dict:

@@ -20,6 +20,8 @@ from support.vllm_standin import (
     run_scenario,
 )
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_each_worker_process_logs_and_dumps_under_its_own_pid(tmp_path, method):

@@ -17,6 +17,8 @@ from msprobe_hooks import cli, preflight
 from msprobe_hooks.preflight import recipe, verl_config
 from msprobe_hooks.preflight.verl_config import ConfigSourceError
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 MAIN = ["python3", "-m", "verl.trainer.main_ppo"]
 
 

@@ -25,6 +25,8 @@ from msprobe_hooks.patches.verl import VERL_PREFLIGHT
 from msprobe_hooks.patches.verl import preflight as implementation
 from msprobe_hooks.preflight import recipe, verl_config
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 STAND_IN = """
     import json, sys
     from verl.trainer import main_ppo

@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import REPO
 from support.interpreter import clean_env
+
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
 
 def test_demo_writes_one_prompt_dump_per_sample(tmp_path: Path) -> None:

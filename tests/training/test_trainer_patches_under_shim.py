@@ -18,6 +18,8 @@ import pytest
 from support import STANDINS
 from support.interpreter import run_python, shim_env
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 VERL_STANDINS = STANDINS / "verl_standins"
 
 _COMMON = """

@@ -15,6 +15,8 @@ from support.verl_runs import run_engine
 from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -19,6 +19,8 @@ from support.verl_runs import OPS, EngineRun, run_engine, write_config
 from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 SPEC = {"ops": OPS, "count": 4, "seed": 0, "micro_batch_size": 2}
 SAMPLES = verl_cpu.random_samples(4, 0)
 

@@ -19,6 +19,8 @@ from support.verl_runs import EngineRun, run_engine
 from msprobe_hooks import contracts
 from msprobe_hooks.patches import PATCHES
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 CHILD = REPO / "tests" / "support" / "megatron_standin_child.py"
 INSTALLED_VERL = "0.9.1"
 FIRST_INPUT = "Functional.embedding.0.forward"  # the chunk's first op: its input is the token ids

@@ -16,8 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import REPO
 from support.interpreter import shim_env
+
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
 VERL_TESTS = REPO / "build" / "verl-tests"
 FILES = [

@@ -22,6 +22,8 @@ verl_cpu.register_cpu_platform()
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
+pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
+
 OURS = ("verl.fsdp_engine", "verl.megatron_engine", "verl.native_profiler_guard", "verl.legacy_actor")
 VERL_PATCHES = [p for p in PATCHES if p.name in OURS]
 

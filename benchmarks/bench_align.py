@@ -16,10 +16,11 @@ import statistics
 import tempfile
 import time
 
-from msprobe_hooks.analysis import align
+from msprobe_hooks.analysis import align, pairs
+from msprobe_hooks.analysis.logs import find_logs
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, step_line
-from msprobe_hooks.join_keys import TRAINING_LOG, prompt_hash
+from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG, prompt_hash
 from msprobe_hooks.jsonl import JsonlLog
 
 REQUESTS = 1000
@@ -72,18 +73,15 @@ def build(root: str) -> tuple[str, str]:
 
 def _join(train: str, generate: str, out: str) -> int:
     aligner = align.Aligner(os.path.dirname(out))
-    aligner.read(
-        align.find_logs(train, align.TRAINING_LOG),
-        align.find_logs(generate, align.DISPATCH_LOG),
-    )
+    aligner.read(find_logs(train, TRAINING_LOG), find_logs(generate, DISPATCH_LOG))
     result = aligner.run()
-    align.pairs_file.write(result.pairs, out)
+    pairs.write(result.pairs, out)
     return len(result.pairs)
 
 
 def _floor(train: str, generate: str) -> int:
     count = 0
-    for path in align.find_logs(train, align.TRAINING_LOG) + align.find_logs(generate, align.DISPATCH_LOG):
+    for path in find_logs(train, TRAINING_LOG) + find_logs(generate, DISPATCH_LOG):
         with open(path) as handle:
             for line in handle:
                 json.loads(line)

@@ -81,10 +81,10 @@ def _memory(template: str, folder: Path) -> None:
     path = folder / "large.json"
     _large_dump(template, path, LARGE_MB)
     size = path.stat().st_size / 2**20
-    imports = "import json\nfrom msprobe_hooks.analysis import compare"
+    imports = "import json\nfrom msprobe_hooks.analysis import compare, names"
     base = _peak_mb(imports)
     whole = _peak_mb(f"{imports}\njson.load(open({str(path)!r}))") - base
-    ours = _peak_mb(f"{imports}\ncompare.read_side({str(path)!r})") - base
+    ours = _peak_mb(f"{imports}\ncompare.read_side({str(path)!r}, names.load())") - base
     print(f"  peak memory on a {size:.0f} MB dump.json (the first pair's inference dump, repeated):")
     print(f"    json.load {whole:.0f} MB, compare's reader {ours:.0f} MB above the imports ({base:.0f} MB)")
 
@@ -94,7 +94,10 @@ def _ours(pairs_file: Path, out: Path) -> float:
 
 
 def main() -> int:
+    import dataclasses
+
     from msprobe_hooks.analysis import compare, pairs
+    from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
     folder = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     try:
@@ -104,18 +107,18 @@ def main() -> int:
         ours = _ours(pairs_file, folder / "ours")
         # A job has many pairs: the same pairs ten times over shows the per-pair cost once start-up is shared.
         many = folder / "many.jsonl"
-        pairs.write([{**p, "pair": i} for i, p in enumerate(pair_list * MANY)], str(many))
+        pairs.write([dataclasses.replace(p, pair=i) for i, p in enumerate(pair_list * MANY)], str(many))
         ours_many = _ours(many, folder / "many")
         start = time.perf_counter()
         for i, pair in enumerate(pair_list):
-            compare.compare_pair(i, pair, compare.DEFAULT_THRESHOLD)
+            compare.compare_pair(i, pair, DEFAULT_THRESHOLD)
         in_process = (time.perf_counter() - start) / n
         theirs, failed = 0.0, 0
         for i, pair in enumerate(pair_list):
             out = folder / f"msprobe{i}"
             out.mkdir()
             seconds, status = _timed(
-                [str(BIN / "msprobe"), "compare", "-tp", pair["train"]["dump"], "-gp", pair["generate"]["dump"],
+                [str(BIN / "msprobe"), "compare", "-tp", pair.train.dump, "-gp", pair.generate.dump,
                  "-o", str(out), "--consistent_check", "--backend", "fsdp"],
                 check=False,  # it raises on level mix ("Conflicting comparison data"): timed all the same
             )  # fmt: skip

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import STANDINS
+from support import REPO, STANDINS
 from support.interpreter import clean_env, shim_env
 
 from msprobe_hooks.cli.launch import shim_dir
@@ -264,3 +264,63 @@ def test_preflight_of_a_config_without_verl_s_config_stack_says_so_in_one_line(t
     assert done.returncode == 2
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "verl's config stack" in lines[0] and "omegaconf" in lines[0], lines
+
+
+# What a command loads of the package: the command line and its own module, never the domain (no patch,
+# training, inference or analysis code for shim-path and the command list).
+LOADED = """
+import contextlib, io, json, sys
+from msprobe_hooks import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        cli.main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("msprobe_hooks"))))
+"""
+LIGHT = {"msprobe_hooks", "msprobe_hooks.cli", "msprobe_hooks.cli.command", "msprobe_hooks.config"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "own"),
+    [
+        (["shim-path"], {"msprobe_hooks.cli.shim_path", "msprobe_hooks.cli.launch"}),
+        (["--help"], set()),
+        (
+            ["compare", "--help"],
+            {"msprobe_hooks.cli.compare", "msprobe_hooks.analysis", "msprobe_hooks.analysis.results"},
+        ),
+    ],
+)
+def test_the_command_line_loads_nothing_of_the_domain(argv, own, tmp_path):
+    done = subprocess.run([sys.executable, "-c", LOADED, *argv], env=clean_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout.splitlines()[-1])) == LIGHT | own
+
+
+def test_the_wheel_installs_into_a_clean_venv_and_works_there(tmp_path):
+    """``make dist``'s wheel: what a user carries into a cluster's container. Installed with no dependencies
+    (none reachable in a locked container is the worst case), the shim activates and the command answers."""
+    wheels = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("msprobe_hooks-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True
+    )
+    shim = subprocess.run(
+        [str(venv / "bin" / "msprobe-hooks"), "shim-path"], capture_output=True, text=True, check=True
+    )
+    assert shim.stdout.strip().startswith(str(venv)) and Path(shim.stdout.strip(), "sitecustomize.py").is_file()
+    # the built-in name map travels with the package
+    assert list(venv.rglob("msprobe_hooks/analysis/name_map.yaml"))
+    on = clean_env(DUMP_ON="1", PYTHONPATH=shim.stdout.strip(), MSPROBE_HOOKS_OUTPUT_DIR=str(tmp_path / "out"))
+    probe = "import json, sys; print(json.dumps(sys.modules['msprobe_hooks'].current_config() is not None))"
+    active = subprocess.run([str(python), "-c", probe], env=on, capture_output=True, text=True)
+    assert active.returncode == 0 and active.stdout.strip() == "true", active.stderr

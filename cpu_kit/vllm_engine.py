@@ -17,7 +17,8 @@ stdin with one JSON object a line on stdout:
   worker: its layerwise reload (the lifecycle vLLM's RL weight-transfer engines run) calls the
   model's ``load_weights`` over every tensor of DIR's safetensors files, then repacks each layer
   for the CPU kernels. A layer none of whose tensors is in DIR keeps its old weights (vLLM logs
-  "Failed to load weights"): a hand-over that leaves a tensor out is a stale-weight fault.
+  "Failed to load weights"): a hand-over that leaves a tensor out is a stale-weight fault. A DIR
+  without safetensors is refused before the reload starts (vLLM cannot undo a failed one).
 * ``{"cmd": "shutdown"}``: answered, then the process exits.
 
 A first line ``{"ok": true, "ready": true, "pid": ..., "vllm": "0.32.0"}`` says the engine is up;
@@ -33,6 +34,7 @@ the top: :class:`VllmEngine`, the client, runs in the training venv.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import queue
@@ -85,7 +87,12 @@ class _Server:
         return {"outputs": outputs, "steps": steps}
 
     def update_weights(self, path: str) -> dict[str, Any]:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": os.path.abspath(path)})
+        folder = os.path.abspath(path)
+        # vLLM's reload is not transactional: one that fails once started leaves the layers on the
+        # meta device and the next step kills the worker. Refuse what cannot load before it starts.
+        if not glob.glob(os.path.join(glob.escape(folder), "*.safetensors")):
+            raise FileNotFoundError(f"{folder}: no *.safetensors file to load")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
         # As verl does after a sync (clear_kv_cache): nothing computed with the old weights is reused.
         self.llm.reset_prefix_cache()
         return {}

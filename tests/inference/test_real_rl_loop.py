@@ -25,6 +25,8 @@ from cpu_kit import demo_inputs
 from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
 from cpu_kit.vllm_engine import EngineError, VllmEngine
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 FAULT_MODULE = f"model.{demo_inputs.PERTURBED_MODULE}"  # vLLM's and HF's path of the module both faults hit
 DROPPED = f"{FAULT_MODULE}.weight"
 DECODE_FACTOR = 1.05

@@ -15,7 +15,8 @@ inherit the environment but not the launching shell's working directory.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+
+from msprobe_hooks.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 if TYPE_CHECKING:
@@ -58,47 +59,37 @@ def _bad(name: str, raw: str, accepted: str, why: str = "") -> str:
 
 
 # --- the kinds of value: each one parses a raw value and says what it accepts ---------------------
-# namedtuples, not dataclasses or typing.NamedTuple: importing dataclasses (with inspect) costs ~5 ms in every
-# process, typing (with re, enum, functools, contextlib) ~4 ms.
+# Records (msprobe_hooks.record), not dataclasses or typing.NamedTuple: importing dataclasses (with inspect)
+# costs ~5 ms in every process, typing (with re, enum, functools, contextlib) ~4 ms.
+
+if TYPE_CHECKING:
+
+    class Kind(Protocol):
+        """What every kind of value does (a protocol for readers and type checkers only)."""
+
+        @property
+        def accepted(self) -> str:
+            """What the docs and the error messages say is accepted."""
+
+        def parse(self, name: str, raw: str, cwd: str) -> object:
+            """The value of ``raw`` (blank: the default, itself blank for some); raise ValueError with one line."""
 
 
-class Kind(Protocol if TYPE_CHECKING else object):
-    @property
-    def accepted(self) -> str:
-        """What the docs and the error messages say is accepted."""
-
-    def parse(self, name: str, raw: str, cwd: str) -> object:
-        """The value of ``raw`` (blank: the default, itself blank for some); raise ValueError with one line."""
-
-
-class Flag(namedtuple("Flag", ("accepted",), defaults=(BOOL_VALUES,))):
+class Flag(Record):
     """A boolean switch."""
 
-    __slots__ = ()
-
-    accepted: str
+    accepted: str = BOOL_VALUES
 
     def parse(self, name: str, raw: str, cwd: str) -> bool:
         return parse_bool(name, raw)
 
 
-class Choice(
-    namedtuple(
-        "Choice",
-        ("values", "aliases", "upper"),
-        defaults=(
-            {},
-            False,
-        ),
-    )
-):
+class Choice(Record):
     """One of ``values``, in any case; ``aliases`` are other spellings of one of them."""
 
-    __slots__ = ()
-
     values: tuple[str, ...]
-    aliases: Mapping[str, str]  # noqa: RUF012  (never mutated)
-    upper: bool
+    aliases: Mapping[str, str] = {}  # noqa: RUF012  (never mutated)
+    upper: bool = False
 
     @property
     def accepted(self) -> str:
@@ -113,10 +104,8 @@ class Choice(
         return value
 
 
-class FlagOr(namedtuple("FlagOr", ("off", "on", "others"))):
+class FlagOr(Record):
     """A switch (``off`` / ``on``) that also takes the words of ``others``, which stand for themselves."""
-
-    __slots__ = ()
 
     off: str
     on: str
@@ -136,12 +125,10 @@ class FlagOr(namedtuple("FlagOr", ("off", "on", "others"))):
             raise ValueError(_bad(name, raw, self.accepted)) from None
 
 
-class MsprobeConfig(namedtuple("MsprobeConfig", ("accepted",), defaults=("path to an msprobe config.json",))):
+class MsprobeConfig(Record):
     """The path of an msprobe config.json, made absolute and checked (:func:`read_msprobe_config`)."""
 
-    __slots__ = ()
-
-    accepted: str
+    accepted: str = "path to an msprobe config.json"
 
     def parse(self, name: str, raw: str, cwd: str) -> str | None:
         if not raw.strip():
@@ -151,12 +138,10 @@ class MsprobeConfig(namedtuple("MsprobeConfig", ("accepted",), defaults=("path t
         return path
 
 
-class DumpDir(namedtuple("DumpDir", ("accepted",), defaults=(DUMP_DIR_ACCEPTED,))):
+class DumpDir(Record):
     """A directory made absolute, that this process can create or write into (:func:`unwritable`)."""
 
-    __slots__ = ()
-
-    accepted: str
+    accepted: str = DUMP_DIR_ACCEPTED
 
     def parse(self, name: str, raw: str, cwd: str) -> str:
         raw = raw.strip()
@@ -167,10 +152,8 @@ class DumpDir(namedtuple("DumpDir", ("accepted",), defaults=(DUMP_DIR_ACCEPTED,)
         return path
 
 
-class Names(namedtuple("Names", ("accepted",))):
+class Names(Record):
     """Comma-separated names, as a set (which names exist is checked later: :func:`check_patch_names`)."""
-
-    __slots__ = ()
 
     accepted: str
 
@@ -178,14 +161,10 @@ class Names(namedtuple("Names", ("accepted",))):
         return frozenset(_split(raw))
 
 
-class References(
-    namedtuple("References", ("accepted",), defaults=("comma-separated module:attribute references to Patch records",))
-):
+class References(Record):
     """Comma-separated ``module:attribute`` references, in order."""
 
-    __slots__ = ()
-
-    accepted: str
+    accepted: str = "comma-separated module:attribute references to Patch records"
 
     def parse(self, name: str, raw: str, cwd: str) -> tuple[str, ...]:
         refs = _split(raw)
@@ -196,16 +175,7 @@ class References(
         return refs
 
 
-class Variable(
-    namedtuple(
-        "Variable",
-        ("name", "field", "kind", "default", "meaning", "shown_default", "suggested"),
-        defaults=(
-            "",
-            "",
-        ),
-    )
-):
+class Variable(Record):
     """One environment variable of the contract: what it fills, its default, what it accepts, what it means.
 
     ``default`` is the raw value an unset (or blank) variable is read as; ``shown_default`` is how
@@ -214,15 +184,13 @@ class Variable(
     when it is unset ('' : nothing).
     """
 
-    __slots__ = ()
-
     name: str
     field: str
     kind: Kind
     default: str
     meaning: str
-    shown_default: str
-    suggested: str
+    shown_default: str = ""
+    suggested: str = ""
 
     @property
     def accepted(self) -> str:
@@ -356,29 +324,8 @@ NEAR_MISS_DISTANCE = 2  # DUMP_PAHSE, MSPROBE_ACTOR_CONFG, PROMPTS_ONYL: one or 
 FOREIGN_NAMES = frozenset({"MSPROBE_LOG_LEVEL"})
 
 
-class Config(
-    namedtuple(
-        "Config",
-        (
-            "enabled",
-            "dump_phase",
-            "prompts_only",
-            "actor_config",
-            "generate_config",
-            "generate_forwards",
-            "output_dir",
-            "strict",
-            "disabled",
-            "log_level",
-            "preflight",
-            "extra_patches",
-            "unknown_names",
-        ),
-    )
-):
+class Config(Record):
     """The validated configuration of this process."""
-
-    __slots__ = ()
 
     enabled: bool
     dump_phase: str

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import namedtuple
+
+from msprobe_hooks.record import Record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 if TYPE_CHECKING:  # ast and inspect are imported where used: activation must stay cheap
@@ -22,48 +23,42 @@ if TYPE_CHECKING:  # ast and inspect are imported where used: activation must st
     from collections.abc import Iterator
 
 
-class Method(namedtuple("Method", ("module", "qualname", "params", "versions"), defaults=("",))):
+class Method(Record):
     """``module:Class.method`` exists, defined on that class, and its parameters start with ``params``.
 
     Parameters after ``params`` are allowed: wrappers pass them through untouched.
     ``versions`` (a PEP 440 specifier of the patch's distribution) limits the item to some releases.
     """
 
-    __slots__ = ()
-
     module: str
     qualname: str
     params: tuple[str, ...]
-    versions: str
+    versions: str = ""
 
     def describe(self) -> str:
         return f"{self.module}:{self.qualname}({', '.join(self.params)}, ...)"
 
 
-class Attribute(namedtuple("Attribute", ("module", "qualname", "name", "versions"), defaults=("",))):
+class Attribute(Record):
     """Instances of ``module:Class`` carry attribute ``name`` (assigned as ``self.name`` or annotated
     on the class, in that class or a base class defined in the same module)."""
-
-    __slots__ = ()
 
     module: str
     qualname: str
     name: str
-    versions: str
+    versions: str = ""
 
     def describe(self) -> str:
         return f"{self.module}:{self.qualname}.{self.name}"
 
 
-class Function(namedtuple("Function", ("module", "name", "params", "versions"), defaults=("",))):
+class Function(Record):
     """Module-level function ``module:name`` exists and its parameters start with ``params``."""
-
-    __slots__ = ()
 
     module: str
     name: str
     params: tuple[str, ...]
-    versions: str
+    versions: str = ""
 
     def describe(self) -> str:
         return f"{self.module}:{self.name}({', '.join(self.params)}, ...)"
@@ -79,10 +74,8 @@ def applies(item: ContractItem, version: str | None) -> bool:
     return version_supported(version, item.versions)
 
 
-class Provider(namedtuple("Provider", ("distribution", "version"))):
+class Provider(Record):
     """The installed distribution that provides a module: its name and version."""
-
-    __slots__ = ()
 
     distribution: str
     version: str

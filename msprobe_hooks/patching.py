@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import _thread
 import sys
-from collections import namedtuple
 
 from msprobe_hooks import contracts, storage
 from msprobe_hooks.config import EVERY_PATCH
 from msprobe_hooks.import_hooks import when_imported
 from msprobe_hooks.log import logger
+from msprobe_hooks.record import Record
 from msprobe_hooks.registry import Patch
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
@@ -53,24 +53,20 @@ class Refusal(RuntimeError):
     """
 
 
-class _Application(namedtuple("_Application", ("patch", "module", "ctx", "unpatch"))):
-    __slots__ = ()
-
+class _Application(Record):
     patch: Patch
     module: ModuleType
     ctx: PatchContext | None  # None: a site's old-style implementation, reverted by its own unpatch
     unpatch: Callable[[ModuleType], None] | None
 
 
-class PatchStatus(namedtuple("PatchStatus", ("name", "state", "reason", "version"), defaults=("", None))):
+class PatchStatus(Record):
     """One patch's state in this process (waiting, applied, skipped, failed) and why."""
-
-    __slots__ = ()
 
     name: str
     state: str
-    reason: str
-    version: str | None
+    reason: str = ""
+    version: str | None = None
 
 
 _lock = _thread.RLock()  # _thread, not threading (which imports functools): activation stays light

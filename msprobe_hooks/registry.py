@@ -8,32 +8,11 @@ catalogue that ``doctor`` and ``docs/patches.md`` read).
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from msprobe_hooks.contracts import ContractItem
+from msprobe_hooks.record import Record
 
 
-class Patch(
-    namedtuple(
-        "Patch",
-        (
-            "name",
-            "target",
-            "implementation",
-            "distribution",
-            "versions",
-            "why",
-            "how",
-            "retire_when",
-            "contract",
-            "ran_for_real",
-        ),
-        defaults=(
-            (),
-            (),
-        ),
-    )
-):
+class Patch(Record):
     """One patch: target, versions, contract, code, and why it exists.
 
     ``implementation`` names a module with ``patch(module, ctx)``, called with the imported
@@ -44,8 +23,6 @@ class Patch(
     read from the released files and on stand-ins).
     """
 
-    __slots__ = ()
-
     name: str
     target: str
     implementation: str
@@ -54,5 +31,5 @@ class Patch(
     why: str
     how: str
     retire_when: str
-    contract: tuple[ContractItem, ...]
-    ran_for_real: tuple[str, ...]
+    contract: tuple[ContractItem, ...] = ()
+    ran_for_real: tuple[str, ...] = ()

@@ -29,10 +29,11 @@ from msprobe_hooks.analysis.logs import (
     GenRow,
     GenStep,
     TrainDump,
+    TrainSample,
     read_dispatch,
     read_training,
 )
-from msprobe_hooks.analysis.pairs import LOG_FORMATS, GenerateSide, JoinRule, Pair, RankRule, TrainSide
+from msprobe_hooks.analysis.pairs import LOG_FORMATS, GenerateSide, JoinRule, Pair, PairKind, RankRule, TrainSide
 from msprobe_hooks.analysis.results import Unpaired
 from msprobe_hooks.log import logger
 
@@ -78,6 +79,8 @@ class Aligner:
         self.result = Result()
         self._trains: list[TrainDump] = []
         self._prefill_steps: list[GenStep] = []
+        self._decode_steps: list[GenStep] = []  # dumped steps without prefill rows
+        self._decode_by_base: dict[str, list[_Candidate]] = {}
         self._by_base: dict[str, list[_Candidate]] = {}
         self._by_hash: dict[str, list[_Candidate]] = {}
         self._seen_bases: set[str] = set()
@@ -111,9 +114,13 @@ class Aligner:
         if isinstance(step, DecodeStep):
             self._seen_bases.update(step.bases)
             self._seen_hashes.update(step.hashes)
-            if step.dumped is not False:
-                self.result.generate_total += 1
-                self.result.generate_unpaired[Unpaired.DECODE_ONLY] += 1
+            return
+        if not any(row.prefill for row in step.rows):  # a dumped decode step: its rows may pair with a sequence
+            self._decode_steps.append(step)
+            for row in step.rows:
+                if row.base is not None:
+                    self._seen_bases.add(row.base)
+                    self._decode_by_base.setdefault(row.base, []).append(_Candidate(step, row))
             return
         self._prefill_steps.append(step)
         for row in step.rows:
@@ -253,16 +260,10 @@ class Aligner:
                 self._refused.setdefault(candidate.key, verdict)
         if not good:
             return next(reason for reason in _NEAREST if reason in failed)
-        same = [c for c in good if c.step.rank == dump.rank]
-        if same:
-            pool, rank_rule = same, RankRule.SAME
-        elif self.backend == "fsdp":
-            lowest = min(-1 if c.step.rank is None else c.step.rank for c in good)
-            pool = [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest]
-            rank_rule = RankRule.FSDP_ANY
-        else:
-            self._refused.update((c.key, Unpaired.OTHER_RANKS_ONLY) for c in good)
-            return Unpaired.OTHER_RANKS_ONLY
+        ranked = self._rank(good, dump.rank)
+        if isinstance(ranked, Unpaired):
+            return ranked
+        pool, rank_rule = ranked
         # A step holding this request alone first, then the earliest.
         chosen = min(pool, key=lambda c: (len(c.step.rows) > 1, c.step.pid or 0, c.step.step))
         self._used.add(chosen.key)
@@ -270,6 +271,116 @@ class Aligner:
         if prompt_len is None:
             prompt_len = chosen.row.prompt_len if chosen.row.prompt_len is not None else chosen.row.tokens
         return self._pair(dump, train_path, chosen, rule, key, rank_rule, prompt_len)
+
+    def _rank(self, good: list[_Candidate], rank: int | None) -> tuple[list[_Candidate], RankRule] | Unpaired:
+        """The candidates at the rank a training dump of ``rank`` pairs with, and the rule that chose it."""
+        same = [c for c in good if c.step.rank == rank]
+        if same:
+            return same, RankRule.SAME
+        if self.backend == "fsdp":
+            lowest = min(-1 if c.step.rank is None else c.step.rank for c in good)
+            return [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest], RankRule.FSDP_ANY
+        self._refused.update((c.key, Unpaired.OTHER_RANKS_ONLY) for c in good)
+        return Unpaired.OTHER_RANKS_ONLY
+
+    # --- decode pairs: one response token of a training sequence against its decode step -------------
+
+    def _decode_rows(self, step: GenStep, row: GenRow) -> tuple[int, int] | None:
+        """The rows of ``row``'s request in ``step``'s dump (a decode row, or a whole prefill), or None when
+        they cannot be told apart.
+
+        The whole step was dumped (its embedding input holds every row: the request's rows are at its
+        offset), or msprobe's ``request_id`` filter cut it to this request (its rows are the dump's).
+        """
+        tokens = row.tokens or 1
+        held = self._token_count(self._generate_dump(step))
+        if held is not None and held == step.total_tokens and row.offset is not None:
+            return row.offset, row.offset + tokens
+        if len(step.rows) == 1 or self._filtered(step, row):
+            return 0, tokens
+        return None
+
+    def _prefill_rows(self, dump: TrainDump, train_path: str, member: TrainSample) -> Pair | None:
+        """The prefill pair of a sequence's prompt rows (a request no prompt-only dump paired), or None."""
+        good = [
+            c
+            for c in self._by_base.get(member.request_base, [])
+            if c.row.full and c.step.dumped is not False and self._is_readable(self._generate_dump(c.step))
+        ]
+        ranked = self._rank(good, dump.rank) if good else None
+        if not isinstance(ranked, tuple):
+            return None
+        pool, rank_rule = ranked
+        for candidate in sorted(pool, key=lambda c: (c.step.pid or 0, c.step.step)):
+            rows = self._decode_rows(candidate.step, candidate.row)
+            if rows is None:
+                continue
+            self._used.add(candidate.key)
+            self._paired_requests.add(member.request_base)  # type: ignore[arg-type]
+            pair = self._pair(
+                dump, train_path, candidate, JoinRule.REQUEST_ID, member.request_base, rank_rule, member.prompt_len
+            )  # type: ignore[arg-type]
+            pair.train.sample, pair.train.request_id = member.index, member.request_id
+            pair.train.rows, pair.generate.rows = [member.offset, member.offset + member.prompt_len], list(rows)  # type: ignore[operator]
+            return pair
+        return None
+
+    def match_sequence(self, dump: TrainDump) -> list[Pair] | Unpaired | None:
+        """Decode pairs of a training dump holding whole sequences (prompt and response tokens).
+
+        Response position ``p`` of a sample (its row ``offset + p`` in the dumped forward) meets the
+        decode step whose row for that request has ``computed_tokens == p``: that row's input token is
+        the sequence's token ``p``, its output the log-prob of response token ``p - prompt_len + 1``.
+        Joined by request id only (the same prompt recurs under other ids). Statistics dumps pair too:
+        compare says they cannot be cut per token. None when the dump holds no response tokens.
+        """
+        members = [m for m in dump.members if m.has_response]
+        if not members:
+            return None
+        train_path = self._train_dump(dump)
+        if not self._is_readable(train_path):
+            return Unpaired.DUMP_UNREADABLE
+        found: list[Pair] = []
+        reasons: Counter = Counter()
+        for member in members:
+            base = member.request_base
+            if member.offset is not None and base is not None and base not in self._paired_requests:
+                prefill = self._prefill_rows(dump, train_path, member)
+                if prefill is not None:
+                    found.append(prefill)
+            candidates = self._decode_by_base.get(base, []) if base is not None else []
+            if member.offset is None or not candidates:
+                reasons[Unpaired.NO_JOIN_KEY if member.offset is None else Unpaired.NO_COUNTERPART] += 1
+                continue
+            inside = [
+                c
+                for c in candidates
+                if c.row.computed is not None and member.prompt_len <= c.row.computed < member.seq_len  # type: ignore[operator]
+            ]
+            ranked = self._rank(inside, dump.rank) if inside else Unpaired.NO_COUNTERPART
+            if isinstance(ranked, Unpaired):
+                reasons[ranked] += 1
+                continue
+            pool, rank_rule = ranked
+            chosen: dict[int, _Candidate] = {}  # one decode row per position: the first process's, step
+            for candidate in sorted(pool, key=lambda c: (c.step.pid or 0, c.step.step)):
+                if not self._is_readable(self._generate_dump(candidate.step)):
+                    reasons[Unpaired.DUMP_UNREADABLE] += 1
+                    continue
+                chosen.setdefault(candidate.row.computed, candidate)  # type: ignore[arg-type]
+            for position, candidate in sorted(chosen.items()):
+                rows = self._decode_rows(candidate.step, candidate.row)
+                if rows is None:
+                    reasons[Unpaired.MULTI_REQUEST] += 1
+                    continue
+                self._used.add(candidate.key)
+                start = member.offset + position
+                pair = self._pair(dump, train_path, candidate, JoinRule.REQUEST_ID, base, rank_rule, member.prompt_len)
+                pair.kind, pair.position, pair.token_index = PairKind.DECODE, position, position - member.prompt_len + 1
+                pair.train.sample, pair.train.request_id = member.index, member.request_id
+                pair.train.rows, pair.generate.rows = [start, start + 1], list(rows)
+                found.append(pair)
+        return found or next(iter(reasons.most_common(1)))[0]
 
     def _path(self, path: str) -> str:
         """Relative to the pairs file's folder when under it (moves with it), else absolute."""
@@ -346,10 +457,18 @@ class Aligner:
         for dump in self._trains:
             result.train_total += 1
             outcome = self.match(dump)
+            if outcome in (Unpaired.NOT_PROMPT_ONLY, Unpaired.MULTI_REQUEST):
+                outcome = self.match_sequence(dump) or outcome
             if isinstance(outcome, Unpaired):
                 result.train_unpaired[outcome] += 1
-            else:
-                result.pairs.append(outcome)
+                continue
+            for pair in outcome if isinstance(outcome, list) else [outcome]:
+                pair.pair = len(result.pairs)
+                result.pairs.append(pair)
+        for step in self._decode_steps:
+            result.generate_total += 1
+            if (step.log, step.line) not in self._used:
+                result.generate_unpaired[Unpaired.DECODE_ONLY] += 1
         for step in self._prefill_steps:
             if step.dumped is False:
                 continue

@@ -57,6 +57,8 @@ class Side:
     tensors: dict[tuple[str, str, int], SideTensor]
     not_comparable: list[ModuleRow]  # tensors with a reason instead of a key, filed under train_*
     api_rows: int
+    tokens: int | None = None  # the token rows its forward held (its embedding input's element count)
+    rows: tuple[int, int] | None = None  # the rows a pair compares, [start, stop); None: all
 
 
 def read_side(path: str, table: names.NameMap) -> Side:
@@ -106,7 +108,9 @@ def read_side(path: str, table: names.NameMap) -> Side:
         for key in [k for k in tensors if k[0] == last]:
             tensors.setdefault((f"layers.{max(layers)}", key[1], key[2]), tensors[key])
             del tensors[key]
-    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows)
+    embedding = tensors.get(("embed_tokens", "input", 0))
+    tokens = embedding.in_order()[0][1].numel if embedding else None
+    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens)
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
@@ -138,6 +142,20 @@ def _fused_tensor(side: Side, held: SideTensor) -> Any:
     import torch
 
     return torch.cat([t.reshape(flat_shape(tuple(t.shape))) for t in loaded], dim=-1)
+
+
+def _cut(tensor: Any, tokens: int | None, rows: tuple[int, int]) -> Any:
+    """Rows ``[start, stop)`` of ``tensor``'s token dimension, flattened per row; None without one.
+
+    The token dimension is the first of ``tokens`` elements, after a leading batch of one (HF's
+    ``[1, T, ...]``; vLLM's ``[T, ...]``; Megatron's ``[s, b, h]``).
+    """
+    shape = tuple(tensor.shape)
+    first = 1 if len(shape) > 1 and shape[0] == 1 and tokens != 1 else 0
+    dims = [d for d in range(first, len(shape)) if shape[d] == tokens]
+    if tokens is None or not dims or rows[1] > tokens:
+        return None
+    return tensor.movedim(dims[0], 0).reshape(tokens, -1)[rows[0] : rows[1]]
 
 
 def _stats(held: SideTensor, module: str, table: names.NameMap) -> tuple[Stats | None, str | None]:
@@ -199,6 +217,9 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         row.train_dtype = t_stats.dtype if t_stats else ""
         row.generate_dtype = g_stats.dtype if g_stats else ""
         why = t_why or g_why
+        if not why and (train.rows or generate.rows):
+            _compare_rows(row, train, t_held, generate, g_held, threshold)
+            continue
         if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
             why = (
                 f"shapes differ ({row.train_shape} vs {row.generate_shape}): sharded differently by tensor parallelism?"
@@ -233,6 +254,32 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
     return rows
 
 
+def _compare_rows(
+    row: ModuleRow, train: Side, t_held: SideTensor, generate: Side, g_held: SideTensor, threshold: float
+) -> None:
+    """One token's rows (a decode pair, or a prompt's rows of a sequence) of a key, element by element."""
+    t_tensor, g_tensor = _fused_tensor(train, t_held), _fused_tensor(generate, g_held)
+    if t_tensor is None or g_tensor is None:
+        row.status, row.reason = Status.NOT_COMPARABLE, "tensor file missing: a token's rows are cut from tensors"
+        return
+    whole = (0, train.tokens or 0), (0, generate.tokens or 0)
+    t_rows = _cut(t_tensor, train.tokens, train.rows or whole[0])
+    g_rows = _cut(g_tensor, generate.tokens, generate.rows or whole[1])
+    del t_tensor, g_tensor
+    if t_rows is None or g_rows is None:
+        row.status, row.reason = Status.NOT_COMPARABLE, "no token dimension (not an activation of the tokens)"
+        return
+    row.train_shape, row.generate_shape = _shape_text(t_rows.shape), _shape_text(g_rows.shape)
+    if t_rows.numel() != g_rows.numel():
+        why = f"shapes differ ({row.train_shape} vs {row.generate_shape}): sharded differently by tensor parallelism?"
+        row.status, row.reason = Status.NOT_COMPARABLE, why
+        return
+    metrics = tensor_errors(t_rows, g_rows)
+    row.cosine, row.max_abs, row.tensor_rel = metrics["cosine"], metrics["max_abs"], metrics["relative"]
+    row.error = metrics["relative"]
+    row.status, row.diverges = Status.COMPARED, row.error > threshold
+
+
 def _module_of(dumped: str, table: names.NameMap) -> str:
     name = names.parse(dumped.split(".forward.")[0] + ".forward.0")
     return table.canonical(name)[0] if name else ""
@@ -256,6 +303,10 @@ def compare_pair(
         key=pair.key,
         train_dump=pair.train.dump,
         generate_dump=pair.generate.dump,
+        kind=pair.kind,
+        position=pair.position,
+        token_index=pair.token_index,
+        global_step=pair.train.global_step,
     )
     table = names.load(mapping)
     try:
@@ -263,6 +314,15 @@ def compare_pair(
         generate = read_side(pair.generate.dump, table)
     except (OSError, ValueError) as exc:
         result.verdict, result.message = Verdict.FAILED, f"cannot read a dump: {exc}"
+        return result, []
+    train.rows = tuple(pair.train.rows) if pair.train.rows else None
+    generate.rows = tuple(pair.generate.rows) if pair.generate.rows else None
+    if (train.rows or generate.rows) and not train.task == generate.task == "tensor":
+        result.verdict = Verdict.STATISTICS
+        result.message = (
+            f"a {pair.kind} pair compares one request's token rows; statistics dumps hold whole tensors' "
+            "statistics, from which no row can be cut: dump that step in tensor mode (docs/analysis.md)"
+        )
         return result, []
     rows = compare_sides(train, generate, threshold, table)
     for row in rows:

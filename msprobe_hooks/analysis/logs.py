@@ -49,6 +49,25 @@ def _int(value: Any) -> int | None:
 
 
 @dataclass(frozen=True)
+class TrainSample:
+    """One sample a training dump holds, where its tokens sit in the dumped forward."""
+
+    index: int | None
+    request_id: str | None
+    prompt_len: int | None
+    seq_len: int | None
+    offset: int | None  # its first token in the dumped forward's packed input (None: the log does not say)
+
+    @property
+    def request_base(self) -> str | None:
+        return None if self.request_id is None else strip_vllm_suffix(self.request_id)
+
+    @property
+    def has_response(self) -> bool:
+        return self.seq_len is not None and self.prompt_len is not None and self.seq_len > self.prompt_len
+
+
+@dataclass(frozen=True)
 class TrainDump:
     """One training dump (a log line) and, when it holds exactly one sample, that sample's keys."""
 
@@ -69,6 +88,7 @@ class TrainDump:
     prompt_len: int | None = None
     prompt_hash: str | None = None
     seq_len: int | None = None
+    members: tuple[TrainSample, ...] = ()  # every sample our log lists (decode pairs cut their rows)
 
     @property
     def request_base(self) -> str | None:
@@ -101,11 +121,12 @@ class GenRow(NamedTuple):
     offset: int | None
     prompt_len: int | None
     prompt_hash: str | None
+    computed: int | None = None  # tokens computed before this step: a decode row's position in its sequence
 
 
 @dataclass(frozen=True)
 class GenStep:
-    """One inference model step of one process with at least one prefill row."""
+    """One inference model step of one process: one with a prefill row, or a dumped decode step."""
 
     log: str
     line: int
@@ -178,8 +199,9 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
         }
         samples = record.get("samples")
         if isinstance(samples, list):
+            members = tuple(_member(s, len(samples)) for s in samples if isinstance(s, dict))
             if len(samples) != 1 or not isinstance(samples[0], dict):
-                yield TrainDump(samples=len(samples), recipe=False, **common)
+                yield TrainDump(samples=len(samples), recipe=False, members=members, **common)
                 continue
             sample = samples[0]
             request_id = sample.get("request_id")
@@ -195,6 +217,7 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
                 prompt_len=_int(sample.get("prompt_len")),
                 prompt_hash=sample.get("prompt_hash"),
                 seq_len=_int(sample.get("seq_len")),
+                members=members,
                 **common,
             )
             continue
@@ -212,6 +235,20 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
         )
 
 
+def _member(sample: dict[str, Any], count: int) -> TrainSample:
+    request_id = sample.get("request_id")
+    if request_id is None and sample.get("request_ids"):
+        request_id = sample["request_ids"][0]
+    offset = _int(sample.get("offset"))
+    return TrainSample(
+        index=_int(sample.get("index")),
+        request_id=None if request_id is None else str(request_id),
+        prompt_len=_int(sample.get("prompt_len")),
+        seq_len=_int(sample.get("seq_len")),
+        offset=0 if offset is None and count == 1 else offset,  # a dump of one sample starts with it
+    )
+
+
 def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
     if "full_prefill" in raw and "request_id_base" in raw:  # our own rows: every field under its name
         get = raw.get
@@ -224,6 +261,7 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
             get("offset"),
             get("prompt_len"),
             get("prompt_hash"),
+            get("computed_tokens"),
         )
     request_id = _field(raw, ROW_FIELDS["request_id"])
     request_id = None if request_id is None else str(request_id)
@@ -254,11 +292,13 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
         offset=_int(raw.get("offset")),
         prompt_len=prompt_len,
         prompt_hash=raw.get("prompt_hash"),
+        computed=computed,
     )
 
 
 class DecodeStep(NamedTuple):
-    """A model step without prefill rows: all ``align`` needs of it (most lines of a long log)."""
+    """A model step without prefill rows that was not dumped: all ``align`` needs of it (most lines of a
+    long log). A dumped one is read whole (a :class:`GenStep`): decode pairs need its rows."""
 
     dumped: bool | None
     bases: list[str]  # the requests it ran (suffix stripped) and their prompt hashes: a training
@@ -279,8 +319,9 @@ def _unescape(text: str) -> str:
 def _decode_line(line: str) -> DecodeStep | None:
     if not line.startswith(_OUR_LINE) or '"prefill":true' in line or not line.rstrip().endswith("}"):
         return None
-    dumped = True if '"dumped":true' in line else False if '"dumped":false' in line else None
-    return DecodeStep(dumped, [_unescape(b) for b in _BASE.findall(line)], _HASH.findall(line))
+    if '"dumped":false' not in line:
+        return None  # dumped (or not saying): read whole, its rows may pair with a training sequence
+    return DecodeStep(False, [_unescape(b) for b in _BASE.findall(line)], _HASH.findall(line))
 
 
 def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
@@ -298,7 +339,7 @@ def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
         dumped = record.get("dumped")
         dumped = dumped if isinstance(dumped, bool) else None
         rows = tuple(_row(raw, step_prefill, single) for raw in raw_rows)
-        if not any(row.prefill for row in rows):
+        if dumped is False and not any(row.prefill for row in rows):
             bases = [row.base for row in rows if row.base is not None]
             yield DecodeStep(dumped, bases, [row.prompt_hash for row in rows if row.prompt_hash is not None])
             continue

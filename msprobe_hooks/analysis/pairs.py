@@ -5,10 +5,17 @@ One line per pair, every field shown::
     {"pair": 0, "rule": "request_id", "key": "job-3", "prompt_len": 12, "rank_rule": "same",
      "train":    {"dump": "...dump.json", "step": 3, "rank": 0, "pid": 811, "log": "...jsonl", "line": 4,
                   "global_step": 1, "micro_batch": 0, "sample": 0, "uid": "u-3", "request_id": "job-3",
-                  "format": "msprobe-hooks"},
+                  "format": "msprobe-hooks", "rows": null},
      "generate": {"dump": "...dump.json", "step": 0, "rank": 0, "pid": 912, "log": "...jsonl", "line": 1,
                   "engine": "vllm", "request_id": "job-3-1a2b3c4d", "filtered": false, "num_requests": 1,
-                  "offset": 0, "tokens": 12, "format": "msprobe-hooks"}}
+                  "offset": 0, "tokens": 12, "format": "msprobe-hooks", "rows": null},
+     "kind": "prefill", "position": null, "token_index": null}
+
+A decode pair (``kind`` "decode") compares one response token: ``position`` is the token's place in its
+sequence (the decode row's ``computed_tokens``), ``token_index`` the response token whose log-prob that
+row computes (``position - prompt_len + 1``: token 0's comes from the prefill); ``rows`` is
+``[start, stop)`` of that token's rows in each dump (the training forward holds the whole sequence, a
+packed decode step every request's row). ``rows`` null: the whole dump.
 
 ``rule`` says what joined the two sides (:class:`JoinRule`), ``key`` the value it joined on,
 ``rank_rule`` how the generate rank was chosen (:class:`RankRule`). ``filtered`` is true when the
@@ -36,6 +43,13 @@ class JoinRule(_Text):
 
     REQUEST_ID = "request_id"  # the engine's suffix stripped, both sides carried it
     PROMPT_HASH = "prompt_hash"  # the hash of the prompt token ids
+
+
+class PairKind(_Text):
+    """What a pair compares."""
+
+    PREFILL = "prefill"  # a prompt's forward against its inference prefill
+    DECODE = "decode"  # one response token's row of a training sequence against its inference decode step
 
 
 class RankRule(_Text):
@@ -69,6 +83,7 @@ class TrainSide:
     uid: str | None = None
     request_id: str | None = None
     format: str = LOG_FORMATS[0]
+    rows: list[int] | None = None  # [start, stop) of the sample's token rows in the dump; None: all of them
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +104,7 @@ class GenerateSide:
     offset: int | None = None
     tokens: int | None = None
     format: str = LOG_FORMATS[0]
+    rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,10 +119,13 @@ class Pair:
     generate: GenerateSide
     prompt_len: int | None = None
     rank_rule: str | None = None
+    kind: str = PairKind.PREFILL
+    position: int | None = None  # decode: the token's position in its sequence (the row's computed_tokens)
+    token_index: int | None = None  # decode: the response token whose log-prob that row computes (0: prefill's)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    # The order of a line's fields, as align has always written them.
-    _ORDER = ("pair", "rule", "key", "prompt_len", "rank_rule", "train", "generate")
+    # The order of a line's fields: as align has always written them, then the ones added since.
+    _ORDER = ("pair", "rule", "key", "prompt_len", "rank_rule", "train", "generate", "kind", "position", "token_index")
 
     def record(self) -> dict[str, Any]:
         """The JSON object of the line (unknown fields read from a file come back after the known ones)."""

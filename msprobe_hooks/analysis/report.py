@@ -1,18 +1,21 @@
-"""The report folder of ``compare``: ``summary.md``, ``modules.csv``, ``error_by_depth.png``, ``index.html``.
+"""The report folder of ``compare``: ``summary.md``, ``modules.csv``, ``pairs.csv``, the figures, ``index.html``.
 
-``index.html`` opens offline: the plot is embedded (base64), the tables are inline, nothing is
-fetched from the network.
+With decode pairs or log-prob gaps, also the symptom -> cause section: ``samples.csv`` (per sample its
+gap, its first divergence at prefill and at the decode tokens, on which path) and
+``decode_by_token.png``. ``index.html`` opens offline: the figures are embedded (base64), the tables
+are inline, nothing is fetched from the network.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from msprobe_hooks.analysis.pairs import PairKind
+from msprobe_hooks.analysis.plots import decode_heatmap, plot
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -23,8 +26,11 @@ from msprobe_hooks.analysis.results import (
     Status,
     Verdict,
 )
+from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, path_verdict
 
 PLOT = "error_by_depth.png"
+DECODE_PLOT = "decode_by_token.png"
+SAMPLES = "samples.csv"
 # The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
 SUMMARY_COLUMNS = [
     "pair", "rule", "key", "mode", "verdict", "first_module", "first_io", "first_error", "max_error", "max_module",
@@ -62,21 +68,27 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     return f"{Verdict.NOTHING_COMPARED}: no tensor of any pair could be compared"
 
 
-def summary_lines(results: Sequence[PairResult], threshold: float) -> list[str]:
-    """What compare prints: one line overall, one per pair."""
+def summary_lines(results: Sequence[PairResult], threshold: float, samples: Sequence[SampleCause] = ()) -> list[str]:
+    """What compare prints: one line overall (and on which path, with decode pairs or gaps), one per pair."""
     lines = [f"{len(results)} pairs: {overall(results, threshold)}"]
+    if samples:
+        lines.append(path_verdict(samples))
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
         elif r.verdict is Verdict.DIVERGES:
             lines.append(
-                f"  pair {r.pair} ({r.key}): {r.first_module} {r.first_io} diverges "
+                f"  pair {r.pair} ({_pair_label(r)}): {r.first_module} {r.first_io} diverges "
                 f"({_by_rule(r, threshold)}); {r.compared} compared, {r.unmatched} unmatched"
             )
         else:
             largest = f"largest error {r.max_error:.3g} at {r.max_module}; " if r.max_error is not None else ""
+            if r.verdict is Verdict.STATISTICS:
+                lines.append(f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}")
+                continue
             lines.append(
-                f"  pair {r.pair} ({r.key}): {r.verdict}; {largest}{r.compared} compared, {r.unmatched} unmatched"
+                f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}; {largest}{r.compared} compared, "
+                f"{r.unmatched} unmatched"
             )
     return lines
 
@@ -95,47 +107,38 @@ def _markdown_table(frame: Any) -> str:
     return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in cells.itertuples(index=False))])
 
 
-def plot(rows: Any, results: Sequence[PairResult], threshold: float, path: str) -> None:
-    """Error against depth (model order), one line per pair, each pair's first divergence marked."""
-    import matplotlib
+def _pair_label(r: PairResult) -> str:
+    return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
 
-    compared = rows[rows["status"] == Status.COMPARED.value]
-    positions = {order: x for x, order in enumerate(sorted(compared["order"].unique()))}
-    figure, axes = pyplot.subplots(figsize=(10, 4.5), dpi=100)
-    floor = 1e-12  # exact zeros on a log axis
-    for result in sorted(results, key=lambda r: r.pair):
-        mine = compared[compared["pair"] == result.pair].sort_values("order")
-        if mine.empty:
-            continue
-        xs = [positions[o] for o in mine["order"]]
-        ys = [max(float(e), floor) for e in mine["error"]]
-        (line,) = axes.plot(xs, ys, linewidth=1, label=f"pair {result.pair} ({result.key})")
-        if result.verdict is Verdict.DIVERGES:
-            x, y = positions[result.first_order], max(float(result.first_error), floor)
-            axes.plot([x], [y], marker="o", markersize=9, color=line.get_color(), markeredgecolor="red")
-            axes.annotate(f"{result.first_module} {result.first_io}", (x, y), textcoords="offset points",
-                          xytext=(6, 6), fontsize=8, color="red")  # fmt: skip
-    axes.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
-    ticks: dict[str, int] = {}
-    for order, layer, module in compared.sort_values("order")[["order", "layer", "module"]].itertuples(index=False):
-        if layer is not None and not math.isnan(layer):
-            ticks.setdefault(f"L{int(layer)}", positions[order])
-        elif ticks:  # after the layers (the final norm); the embedding sits at the axis' start, unlabelled
-            ticks.setdefault(module, positions[order])
-    axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
-    axes.set_yscale("log")
-    axes.set_xlabel("module (model order; ticks at each decoder layer's first compared tensor)")
-    axes.set_ylabel(f"relative error (0 drawn at {floor:g})")
-    axes.set_title("training forward vs inference prefill: error by depth")
-    if len(results) <= 12:
-        axes.legend(fontsize=8, loc="upper left")
-    axes.grid(True, which="major", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    pyplot.close(figure)
+def sample_table(samples: Sequence[SampleCause]) -> Any:
+    """``samples.csv``: per sample its gap (``logprob_gap.jsonl``), the first divergence at prefill and at the
+    decode tokens, and on which path."""
+    import pandas
+
+    def first(r: PairResult | None) -> str:
+        if r is None or not r.compared:
+            return "not compared"
+        return f"{r.first_module} {r.first_io}" if r.verdict is Verdict.DIVERGES else "no divergence"
+
+    records = []
+    for s in samples:
+        decode = [r for r in s.decode if r.compared]
+        diverging = s.decode_diverging
+        records.append(
+            {
+                "request_id": s.key,
+                "global_step": s.global_step,
+                **{f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS},
+                "prefill": first(s.prefill),
+                "decode_compared": len(decode),
+                "decode_diverging": len(diverging),
+                "first_decode_token": diverging[0].token_index if diverging else None,
+                "first_decode_divergence": first(diverging[0]) if diverging else ("no divergence" if decode else ""),
+                "path": s.path.value if s.path else "",
+            }
+        )
+    return pandas.DataFrame(records)
 
 
 def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Any, Any]:
@@ -152,13 +155,23 @@ def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[An
     return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
 
 
-def write(folder: str, results: Sequence[PairResult], rows: Sequence[ModuleRow], threshold: float) -> str:
-    """Write the report files into ``folder``; returns the path of ``index.html``."""
+def write(
+    folder: str,
+    results: Sequence[PairResult],
+    rows: Sequence[ModuleRow],
+    threshold: float,
+    samples: Sequence[SampleCause] = (),
+) -> str:
+    """Write the report files into ``folder``; returns the path of ``index.html``.
+
+    ``samples`` (:func:`.symptom.causes`): the symptom -> cause section, when there are decode pairs or gaps.
+    """
     os.makedirs(folder, exist_ok=True)
     table, pair_table = tables(results, rows)
     table.to_csv(os.path.join(folder, "modules.csv"), index=False)
     pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
     plot(table, results, threshold, os.path.join(folder, PLOT))
+    story = _symptom_section(folder, table, samples) if samples else ("", "")
 
     headline = overall(results, threshold)
     ordered = sorted(results, key=lambda r: r.pair)
@@ -176,6 +189,7 @@ def write(folder: str, results: Sequence[PairResult], rows: Sequence[ModuleRow],
         out.write(_markdown_table(pair_table[SUMMARY_COLUMNS]) + "\n\n")
         for r in failed:
             out.write(f"- pair {r.pair}: {r.message}\n")
+        out.write(story[0])
         out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
 
     with open(os.path.join(folder, PLOT), "rb") as image:
@@ -206,6 +220,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 <p><strong>{html.escape(headline)}</strong></p>
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>
 <img id="plot" alt="error by depth" src="data:image/png;base64,{png}">
+{story[1]}
 <h2>Pairs</h2>
 {pair_table[SUMMARY_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
 <h2>Compared and unmatched tensors, per pair</h2>
@@ -219,3 +234,30 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
     with open(index, "w", encoding="utf-8") as out:
         out.write(page)
     return index
+
+
+def _embedded(path: str, alt: str) -> str:
+    with open(path, "rb") as image:
+        return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(image.read()).decode()}">'
+
+
+def _symptom_section(folder: str, table: Any, samples: Sequence[SampleCause]) -> tuple[str, str]:
+    """``samples.csv`` and the figure written; the section's Markdown and HTML."""
+    frame = sample_table(samples)
+    frame.to_csv(os.path.join(folder, SAMPLES), index=False)
+    figure = decode_heatmap(table, samples, os.path.join(folder, DECODE_PLOT))
+    verdict = path_verdict(samples)
+    shown = frame.dropna(axis=1, how="all")
+    markdown = (
+        f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
+        "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
+        "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
+        f"All of it: `{SAMPLES}`.\n\n{_markdown_table(shown)}\n"
+        + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if figure else "")
+    )
+    page = (
+        f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>"
+        f"{shown.to_html(index=False, na_rep='', float_format=_float)}"
+        + (_embedded(os.path.join(folder, DECODE_PLOT), "decode tokens by layer") if figure else "")
+    )
+    return markdown, page

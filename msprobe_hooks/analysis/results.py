@@ -38,6 +38,7 @@ class Verdict(_Text):
     NO_DIVERGENCE = "no divergence above threshold"
     NOTHING_COMPARED = "nothing compared"  # no tensor could be compared: a collection problem, never a pass
     FAILED = "failed"  # a dump could not be read
+    STATISTICS = "not comparable (statistics)"  # a token's rows cannot be cut from statistics: never a pass
 
 
 class Unpaired(_Text):
@@ -150,6 +151,10 @@ class PairResult:
     threshold_module: str = ""
     threshold_io: str = ""
     threshold_error: float | None = None
+    kind: str = "prefill"  # pairs.PairKind
+    position: int | None = None
+    token_index: int | None = None
+    global_step: object = None
     message: str | None = None
 
     def record(self) -> dict[str, Any]:

@@ -12,10 +12,14 @@ from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, THRESHOLD_OF
 DESCRIPTION = """\
 Compare every pair that `msprobe-hooks align` wrote, module by module, across the two engines' names
 (fused qkv_proj/gate_up_proj from their parts, vLLM's (hidden, residual) norms), and name the first
-module, in the model's order, where the training forward and the inference prefill diverge. Writes
-into the report folder: summary.md, modules.csv (every tensor of every pair), pairs.csv (one line per
-pair), error_by_depth.png and index.html (one page that opens offline). Exit status: 0 compared
-(whatever the verdict), 1 a pair failed or had nothing to compare, 2 bad input. See docs/analysis.md."""
+module, in the model's order, where the training forward and the inference prefill (or, for a decode
+pair, one decode token) diverge: where the error steps up against the pair's own noise, and where it
+crosses --threshold. With decode pairs or the training side's logprob_gap.jsonl, it also says per sample
+where its log-prob gap comes from: the prefill path, the decode path, or neither. Writes into the report
+folder: summary.md, modules.csv (every tensor of every pair), pairs.csv (one line per pair),
+samples.csv (per sample: gap and causes), error_by_depth.png, decode_by_token.png and index.html (one
+page that opens offline). Exit status: 0 compared (whatever the verdict), 1 a pair failed or had nothing
+to compare, 2 bad input. See docs/analysis.md."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from msprobe_hooks.analysis import names, pairs, pool, report
+    from msprobe_hooks.analysis import names, pairs, pool, report, symptom
+    from msprobe_hooks.analysis.pairs import PairKind
     from msprobe_hooks.analysis.results import Verdict
 
     def fail(message: str) -> int:
@@ -85,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.ray:
             raise
         return fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
-    written = report.write(args.output, results, rows, args.threshold)
-    for line in report.summary_lines(results, args.threshold):
+    gaps = symptom.read_gaps(symptom.gap_logs(p.train.log for p in pair_list))
+    decode = any(p.kind == PairKind.DECODE for p in pair_list)
+    samples = symptom.causes(results, gaps) if gaps or decode else []
+    written = report.write(args.output, results, rows, args.threshold, samples)
+    for line in report.summary_lines(results, args.threshold, samples):
         print(line)
     print(f"report: {written}")
     # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.

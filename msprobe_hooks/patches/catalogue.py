@@ -14,10 +14,10 @@ PATCHES: tuple[Patch, ...] = verl.PATCHES + sglang.PATCHES + vllm.PATCHES
 
 def load_extra(refs: Iterable[str]) -> list[Patch]:
     """Resolve ``module:attribute`` references (MSPROBE_HOOKS_EXTRA_PATCHES) to Patch records."""
-    from importlib import import_module  # here: activation stays light when there are none
-
     found: list[Patch] = []
     for ref in refs:
+        from importlib import import_module  # here: activation stays light when there are none
+
         module_name, _, attribute = ref.partition(":")
         value = import_module(module_name)
         for part in attribute.split("."):

@@ -278,7 +278,13 @@ with contextlib.redirect_stdout(io.StringIO()):
         pass
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("msprobe_hooks"))))
 """
-LIGHT = {"msprobe_hooks", "msprobe_hooks.cli", "msprobe_hooks.cli.command", "msprobe_hooks.config"}
+LIGHT = {
+    "msprobe_hooks",
+    "msprobe_hooks.cli",
+    "msprobe_hooks.cli.command",
+    "msprobe_hooks.config",
+    "msprobe_hooks.record",
+}
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,8 @@ record sits beside it, in the module its ``implementation`` names.
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from msprobe_hooks.contracts import Attribute, Method
+from msprobe_hooks.record import Record
 from msprobe_hooks.registry import Patch
 
 # --- SGLang ---------------------------------------------------------------------------------------
@@ -23,10 +22,8 @@ NATIVE_FROM = "0.5.11"  # SGLang's own --msprobe-dump-config debugger
 NATIVE_GRAPH_CHECK = f">={NATIVE_FROM},<0.5.14"  # native dumps that can still meet a graph: 0.5.14+ turns them off
 
 
-class GraphSwitch(namedtuple("GraphSwitch", ("versions", "field", "graph_on", "fix"))):
+class GraphSwitch(Record):
     """A ServerArgs field that leaves a CUDA graph on, in the SGLang versions that have it."""
-
-    __slots__ = ()
 
     versions: str
     field: str

@@ -37,6 +37,12 @@ def strip_vllm_suffix(request_id: str) -> str:
 _last_timestamp = (-1, "")  # (epoch second, its text): every dispatch-log line asks, many per second
 
 
+def clock() -> float:
+    """Seconds since the epoch, to the microsecond: the ``time`` field of every log line (the published
+    ``timestamp`` has whole seconds only, too coarse to order a rollout against the training step after it)."""
+    return round(time.time(), 6)
+
+
 def timestamp() -> str:
     """Local time, second resolution, as in the published recipe's logs."""
     global _last_timestamp

@@ -85,7 +85,8 @@ class Aligner:
         self._by_hash: dict[str, list[_Candidate]] = {}
         self._seen_bases: set[str] = set()
         self._seen_hashes: set[str] = set()
-        self._train_identities: dict[str, set[Any]] = {}
+        self._train_identities: dict[tuple[str, Any], set[Any]] = {}  # (prompt hash, global step) -> samples
+        self._step_times: dict[Any, tuple[float, float]] = {}  # global step -> its first and last log time
         self._tokens: dict[str, int | None] = {}
         self._unreadable: set[str] = set()
         self._readable: set[str] = set()
@@ -105,7 +106,10 @@ class Aligner:
             for dump in read_training(path, self.warn):
                 self._trains.append(dump)
                 if dump.prompt_hash is not None:
-                    self._train_identities.setdefault(dump.prompt_hash, set()).add(dump.identity)
+                    self._train_identities.setdefault((dump.prompt_hash, dump.global_step), set()).add(dump.identity)
+                if dump.time is not None and dump.global_step is not None:
+                    first, last = self._step_times.get(dump.global_step, (dump.time, dump.time))
+                    self._step_times[dump.global_step] = (min(first, dump.time), max(last, dump.time))
         for path in dispatch_logs:
             for step in read_dispatch(path, self.warn):
                 self._index(step)
@@ -203,9 +207,39 @@ class Aligner:
 
     # --- the join ------------------------------------------------------------------------------
 
+    def _rollout_round(self, step: GenStep) -> Any:
+        """The global step whose rollout an inference step belongs to, by the logs' times; None if unknown.
+
+        RL runs each global step as rollout, then training: an inference step at time ``s`` belongs to the
+        first global step whose training lines all come after ``s``, provided every line of the previous
+        global step came before it. A step between the two, or inside a training step's span (an
+        asynchronous trainer), or without a time, has no round.
+        """
+        if step.time is None:
+            return None
+        previous_last = None
+        for global_step, (first, last) in sorted(self._step_times.items(), key=lambda item: item[1]):
+            if first > step.time:
+                return global_step if previous_last is None or previous_last < step.time else None
+            previous_last = last
+        return None
+
+    def _same_round(self, dump: TrainDump, candidates: list[_Candidate]) -> list[_Candidate]:
+        """The candidates of the rollout that produced ``dump``'s sample; the others are refused.
+
+        Only in a run of several global steps with times on both sides (older logs: every candidate).
+        A prompt comes back every epoch: without this a prompt-hash join could pair global step 3's
+        training forward with step 1's rollout.
+        """
+        if len(self._step_times) < 2 or dump.global_step not in self._step_times:
+            return candidates
+        kept = [c for c in candidates if self._rollout_round(c.step) == dump.global_step]
+        self._refused.update((c.key, Unpaired.OTHER_STEP) for c in candidates if c not in kept)
+        return kept
+
     def _hash_ambiguous(self, dump: TrainDump, candidates: list[_Candidate]) -> bool:
-        """Whether the prompt hash points at more than one request, on either side."""
-        if len(self._train_identities.get(dump.prompt_hash, ())) > 1:
+        """Whether the prompt hash points at more than one request, on either side (within a global step)."""
+        if len(self._train_identities.get((dump.prompt_hash, dump.global_step), ())) > 1:
             return True
         ids = {c.row.base for c in candidates if c.row.base is not None}
         if ids and (dump.request_base is not None or len(ids) > 1):
@@ -217,9 +251,15 @@ class Aligner:
         """(rule, key, the prefill rows of that key) for one training sample, or why there are none."""
         base = dump.request_base
         if base is not None and base in self._seen_bases:
-            return JoinRule.REQUEST_ID, base, self._by_base.get(base, [])
+            candidates = self._by_base.get(base, [])
+            kept = self._same_round(dump, candidates)
+            return (JoinRule.REQUEST_ID, base, kept) if kept or not candidates else Unpaired.OTHER_STEP
         if dump.prompt_hash is not None and dump.prompt_hash in self._seen_hashes:
             candidates = self._by_hash.get(dump.prompt_hash, [])
+            kept = self._same_round(dump, candidates)
+            if candidates and not kept:
+                return Unpaired.OTHER_STEP
+            candidates = kept
             if self._hash_ambiguous(dump, candidates):
                 self._refused.update((c.key, Unpaired.AMBIGUOUS_HASH) for c in candidates)
                 return Unpaired.AMBIGUOUS_HASH
@@ -348,7 +388,7 @@ class Aligner:
                 prefill = self._prefill_rows(dump, train_path, member)
                 if prefill is not None:
                     found.append(prefill)
-            candidates = self._decode_by_base.get(base, []) if base is not None else []
+            candidates = self._same_round(dump, self._decode_by_base.get(base, [])) if base is not None else []
             if member.offset is None or not candidates:
                 reasons[Unpaired.NO_JOIN_KEY if member.offset is None else Unpaired.NO_COUNTERPART] += 1
                 continue

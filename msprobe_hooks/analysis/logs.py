@@ -48,6 +48,11 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _time(record: dict[str, Any]) -> float | None:
+    value = record.get("time")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 @dataclass(frozen=True)
 class TrainSample:
     """One sample a training dump holds, where its tokens sit in the dumped forward."""
@@ -80,6 +85,7 @@ class TrainDump:
     recipe: bool  # a published-recipe line (no per-sample fields)
     global_step: Any = None
     micro_batch: Any = None
+    time: float | None = None  # when the line was written (seconds since the epoch); None in older logs
     kind: str | None = None  # "prompt" (PROMPTS_ONLY=1) or "micro_batch"
     index: int | None = None
     uid: str | None = None
@@ -138,6 +144,7 @@ class GenStep:
     total_tokens: int | None
     rows: tuple[GenRow, ...]
     recipe: bool
+    time: float | None = None  # when the step's line was written; None in older and recipe logs
 
 
 def find_logs(root: str, filename: str) -> list[str]:
@@ -195,6 +202,7 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
             "step": record["step"],
             "global_step": record.get("global_step"),
             "micro_batch": record.get("micro_batch"),
+            "time": _time(record),
             "kind": record.get("dump"),
         }
         samples = record.get("samples")
@@ -354,4 +362,5 @@ def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
             total_tokens=_int(record.get("total_num_scheduled_tokens")),
             rows=rows,
             recipe="engine" not in record,
+            time=_time(record),
         )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from msprobe_hooks.analysis.results import PairResult, Status, Verdict
+from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import SampleCause
 
 FLOOR = 1e-12  # exact zeros on a log axis
@@ -99,3 +100,46 @@ def decode_heatmap(rows: Any, samples: Sequence[SampleCause], path: str, most: i
     figure.savefig(path)
     pyplot.close(figure)
     return True
+
+
+def run_heatmap(views: Sequence[StepView], path: str) -> None:
+    """The largest error per decoder layer (y) and global step (x), log scale, each step's first divergence
+    marked; the token gap per step below it."""
+    import numpy
+
+    pyplot = _pyplot()
+    layers = sorted({layer for v in views for layer in v.layer_errors})
+    grid = numpy.full((len(layers) or 1, len(views)), numpy.nan)
+    for x, view in enumerate(views):
+        for y, layer in enumerate(layers):
+            if layer in view.layer_errors:
+                grid[y, x] = math.log10(max(view.layer_errors[layer], FLOOR))
+    figure, (top, bottom) = pyplot.subplots(2, 1, figsize=(max(6, 0.5 * len(views) + 3), 5.5), dpi=100, sharex=True,
+                                            gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+    image = top.imshow(
+        grid,
+        aspect="auto",
+        origin="lower",
+        cmap="magma",
+        vmin=-8,
+        extent=(-0.5, len(views) - 0.5, -0.5, len(layers) - 0.5),
+    )
+    figure.colorbar(image, ax=top, label="log10 relative error")
+    for x, view in enumerate(views):
+        if view.first_layer is not None and view.first_layer in layers:
+            top.plot([x], [layers.index(view.first_layer)], "x", color="cyan", markersize=8)
+    top.set_yticks(range(len(layers)), [f"L{layer}" for layer in layers], fontsize=7)
+    top.set_title("the run: largest error per layer and global step (x: the step's first divergence)", fontsize=9)
+    for name, style in (("probs_diff_mean", "-"), ("probs_diff_max", ":"), ("token_gap_mean", "--")):
+        xs = [x for x, v in enumerate(views) if name in v.gap]
+        if xs:
+            bottom.plot(xs, [views[x].gap[name] for x in xs], style, marker="o", markersize=3, label=name)
+    if bottom.lines:
+        bottom.set_yscale("log")
+        bottom.legend(fontsize=7)
+    bottom.set_ylabel("token gap", fontsize=8)
+    bottom.set_xticks(range(len(views)), [str(v.global_step) for v in views], fontsize=7)
+    bottom.set_xlabel("global step")
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)

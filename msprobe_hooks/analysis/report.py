@@ -8,14 +8,15 @@ are inline, nothing is fetched from the network.
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from msprobe_hooks.analysis import interactive, run_view
 from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import decode_heatmap, plot
+from msprobe_hooks.analysis.plots import decode_heatmap, plot, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -26,14 +27,19 @@ from msprobe_hooks.analysis.results import (
     Status,
     Verdict,
 )
-from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, path_verdict
+from msprobe_hooks.analysis.run_view import StepView
+from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
 
 PLOT = "error_by_depth.png"
 DECODE_PLOT = "decode_by_token.png"
 SAMPLES = "samples.csv"
+STEPS = "steps.csv"
+RUN_PLOT = "run_by_step.png"
+REPORT_FILES = ("summary.md", "modules.csv", "pairs.csv", PLOT, SAMPLES, DECODE_PLOT, STEPS, RUN_PLOT)
 # The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
 SUMMARY_COLUMNS = [
-    "pair", "rule", "key", "mode", "verdict", "first_module", "first_io", "first_error", "max_error", "max_module",
+    "pair", "rule", "key", "kind", "token_index", "mode", "verdict", "first_module", "first_io", "first_error",
+    "max_error", "max_module",
     "compared", "unmatched", "not_comparable", "api_rows",
 ]  # fmt: skip
 
@@ -66,31 +72,6 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
         where = f"{worst.max_module}, pair {worst.pair}"
         return f"{Verdict.NO_DIVERGENCE} {threshold:g} (largest error {worst.max_error:.3g} at {where})"
     return f"{Verdict.NOTHING_COMPARED}: no tensor of any pair could be compared"
-
-
-def summary_lines(results: Sequence[PairResult], threshold: float, samples: Sequence[SampleCause] = ()) -> list[str]:
-    """What compare prints: one line overall (and on which path, with decode pairs or gaps), one per pair."""
-    lines = [f"{len(results)} pairs: {overall(results, threshold)}"]
-    if samples:
-        lines.append(path_verdict(samples))
-    for r in sorted(results, key=lambda r: r.pair):
-        if r.verdict is Verdict.FAILED:
-            lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
-        elif r.verdict is Verdict.DIVERGES:
-            lines.append(
-                f"  pair {r.pair} ({_pair_label(r)}): {r.first_module} {r.first_io} diverges "
-                f"({_by_rule(r, threshold)}); {r.compared} compared, {r.unmatched} unmatched"
-            )
-        else:
-            largest = f"largest error {r.max_error:.3g} at {r.max_module}; " if r.max_error is not None else ""
-            if r.verdict is Verdict.STATISTICS:
-                lines.append(f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}")
-                continue
-            lines.append(
-                f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}; {largest}{r.compared} compared, "
-                f"{r.unmatched} unmatched"
-            )
-    return lines
 
 
 def _float(value: float) -> str:
@@ -155,23 +136,81 @@ def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[An
     return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
 
 
-def write(
-    folder: str,
+@dataclass
+class Answer:
+    """What ``compare`` found: the pairs' verdicts and rows, and, where the pairs allow, per sample the cause of
+    its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
+
+    results: Sequence[PairResult]
+    rows: Sequence[ModuleRow]
+    samples: list[SampleCause] = field(default_factory=list)
+    steps: list[StepView] = field(default_factory=list)
+
+
+def answer(
     results: Sequence[PairResult],
     rows: Sequence[ModuleRow],
-    threshold: float,
-    samples: Sequence[SampleCause] = (),
-) -> str:
-    """Write the report files into ``folder``; returns the path of ``index.html``.
+    gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
+) -> Answer:
+    """The :class:`Answer` of ``results``, with the training side's gap lines (:func:`.symptom.read_gaps`)."""
+    gaps = gaps or {}
+    decode = any(r.kind == PairKind.DECODE for r in results)
+    samples = causes(results, gaps) if gaps or decode else []
+    views = run_view.steps(results, rows, gaps)
+    return Answer(results, rows, samples, views if run_view.is_run(views) else [])
 
-    ``samples`` (:func:`.symptom.causes`): the symptom -> cause section, when there are decode pairs or gaps.
-    """
+
+def summary_lines(found: Answer, threshold: float) -> list[str]:
+    """What compare prints: one line overall, on which path (with decode pairs or gaps), the run (pairs of
+    several global steps), one line per pair."""
+    results = found.results
+    lines = [f"{len(results)} pairs: {overall(results, threshold)}"]
+    if found.samples:
+        lines.append(path_verdict(found.samples))
+    if found.steps:
+        lines.append(run_view.run_verdict(found.steps))
+    for r in sorted(results, key=lambda r: r.pair):
+        if r.verdict is Verdict.FAILED:
+            lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
+        elif r.verdict is Verdict.DIVERGES:
+            lines.append(
+                f"  pair {r.pair} ({_pair_label(r)}): {r.first_module} {r.first_io} diverges "
+                f"({_by_rule(r, threshold)}); {r.compared} compared, {r.unmatched} unmatched"
+            )
+        elif r.verdict is Verdict.STATISTICS:
+            lines.append(f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}")
+        else:
+            largest = f"largest error {r.max_error:.3g} at {r.max_module}; " if r.max_error is not None else ""
+            lines.append(
+                f"  pair {r.pair} ({_pair_label(r)}): {r.verdict}; {largest}{r.compared} compared, "
+                f"{r.unmatched} unmatched"
+            )
+    return lines
+
+
+def _table_html(frame: Any) -> str:
+    return frame.dropna(axis=1, how="all").to_html(index=False, na_rep="", float_format=_float)
+
+
+def write(folder: str, found: Answer, threshold: float) -> str:
+    """Write the report files into ``folder``; returns the path of ``index.html``."""
     os.makedirs(folder, exist_ok=True)
-    table, pair_table = tables(results, rows)
+    results = found.results
+    table, pair_table = tables(results, found.rows)
     table.to_csv(os.path.join(folder, "modules.csv"), index=False)
     pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
     plot(table, results, threshold, os.path.join(folder, PLOT))
-    story = _symptom_section(folder, table, samples) if samples else ("", "")
+    figures = [("plot", interactive.depth(table, results, threshold))]
+    sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
+    if found.samples:
+        decode_figure = interactive.decode(table, found.samples)
+        if decode_figure is not None:
+            figures.append(("decode", decode_figure))
+        sections.append(_symptom_section(folder, table, found.samples))
+    if found.steps:
+        figures.append(("run", interactive.run(found.steps)))
+        sections.append(_run_section(folder, found.steps))
+    fragments = interactive.fragments(figures)
 
     headline = overall(results, threshold)
     ordered = sorted(results, key=lambda r: r.pair)
@@ -189,45 +228,39 @@ def write(
         out.write(_markdown_table(pair_table[SUMMARY_COLUMNS]) + "\n\n")
         for r in failed:
             out.write(f"- pair {r.pair}: {r.message}\n")
-        out.write(story[0])
+        out.write("".join(markdown for markdown, _ in sections))
         out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
 
-    with open(os.path.join(folder, PLOT), "rb") as image:
-        png = base64.b64encode(image.read()).decode()
     details = []
     for r in ordered:
         # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
         shown = (table["pair"] == r.pair) & (table["status"] != Status.NOT_COMPARABLE.value)
         mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
-        body = (
-            html.escape(r.message or "")
-            if r.verdict is Verdict.FAILED
-            else mine.to_html(index=False, na_rep="", float_format=_float)
-        )
+        body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
-            f"<details><summary>pair {r.pair} ({html.escape(str(r.key))}): {html.escape(str(r.verdict))}"
+            f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"
             f"</summary><p>training: <code>{html.escape(r.train_dump)}</code><br>inference: "
             f"<code>{html.escape(r.generate_dump)}</code></p>{body}"
             "</details>"
         )
+    written = [f for f in REPORT_FILES if os.path.exists(os.path.join(folder, f))]
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>msprobe-hooks compare</title>
 <style>
 body {{ font-family: sans-serif; margin: 1.5em; }} table {{ border-collapse: collapse; font-size: 12px; }}
 td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 0; }} img {{ max-width: 100%; }}
 </style></head><body>
-<h1>Training forward vs inference prefill: {len(results)} pairs</h1>
+<h1>Training forward vs inference: {len(results)} pairs</h1>
 <p><strong>{html.escape(headline)}</strong></p>
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>
-<img id="plot" alt="error by depth" src="data:image/png;base64,{png}">
-{story[1]}
+{fragments["plot"]}
+{"".join(part.replace(FIGURE, fragments.get(name, "")) for _, (name, part) in sections)}
 <h2>Pairs</h2>
 {pair_table[SUMMARY_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}
-<p>Files: <a href="summary.md">summary.md</a>, <a href="modules.csv">modules.csv</a>, <a href="pairs.csv">pairs.csv</a>,
-<a href="{PLOT}">{PLOT}</a>.</p>
+<p>Files: {", ".join(f'<a href="{f}">{f}</a>' for f in written)}.</p>
 </body></html>
 """
     index = os.path.join(folder, "index.html")
@@ -236,28 +269,53 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
     return index
 
 
-def _embedded(path: str, alt: str) -> str:
-    with open(path, "rb") as image:
-        return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(image.read()).decode()}">'
+FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
 
 
-def _symptom_section(folder: str, table: Any, samples: Sequence[SampleCause]) -> tuple[str, str]:
-    """``samples.csv`` and the figure written; the section's Markdown and HTML."""
+def _symptom_section(folder: str, table: Any, samples: Sequence[SampleCause]) -> tuple[str, tuple[str, str]]:
+    """``samples.csv`` and its PNG written; the section's Markdown, and its HTML (figure ``decode``)."""
     frame = sample_table(samples)
     frame.to_csv(os.path.join(folder, SAMPLES), index=False)
     figure = decode_heatmap(table, samples, os.path.join(folder, DECODE_PLOT))
     verdict = path_verdict(samples)
-    shown = frame.dropna(axis=1, how="all")
     markdown = (
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
         "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
         "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
-        f"All of it: `{SAMPLES}`.\n\n{_markdown_table(shown)}\n"
+        f"All of it: `{SAMPLES}`.\n\n{_markdown_table(frame.dropna(axis=1, how='all'))}\n"
         + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if figure else "")
     )
-    page = (
-        f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>"
-        f"{shown.to_html(index=False, na_rep='', float_format=_float)}"
-        + (_embedded(os.path.join(folder, DECODE_PLOT), "decode tokens by layer") if figure else "")
+    page = f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
+    return markdown, ("decode", page)
+
+
+def _run_section(folder: str, views: Sequence[StepView]) -> tuple[str, tuple[str, str]]:
+    """``steps.csv`` and its PNG written; the section's Markdown, and its HTML (figure ``run``)."""
+    import pandas
+
+    tidy = pandas.DataFrame(run_view.tidy(views), columns=["global_step", "scalar", "layer", "value"])
+    tidy.to_csv(os.path.join(folder, STEPS), index=False)
+    run_heatmap(views, os.path.join(folder, RUN_PLOT))
+    verdict = run_view.run_verdict(views)
+    frame = pandas.DataFrame(
+        [
+            {
+                "global_step": v.global_step,
+                "pairs": v.pairs,
+                "verdict": v.verdict.value,
+                "first_divergence": f"{v.first.first_module} {v.first.first_io}" if v.first else "",
+                "first_error": v.first.first_error if v.first else None,
+                "largest_error": v.largest.max_error if v.largest else None,
+                **v.gap,
+            }
+            for v in views
+        ]
     )
-    return markdown, page
+    markdown = (
+        f"\n## The run\n\n**{verdict}**\n\nPer global step: the verdict over its pairs, its first divergence, the "
+        "largest error, and the token gap of its samples (verl's rollout_probs_diff_*, the log-prob gap). Every "
+        f"scalar, per layer too: `{STEPS}` (and `compare --tensorboard DIR`).\n\n"
+        f"{_markdown_table(frame.dropna(axis=1, how='all'))}\n\n![the run]({RUN_PLOT})\n"
+    )
+    page = f"<h2>The run</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
+    return markdown, ("run", page)

@@ -50,6 +50,7 @@ class Unpaired(_Text):
     NOT_DUMPED = "not dumped"  # its prefill step was not dumped (msprobe's step filter, GENERATE_FORWARDS)
     NOT_PROMPT_ONLY = "not prompt-only"  # a training dump holding response tokens too (PROMPTS_ONLY off)
     AMBIGUOUS_HASH = "ambiguous hash"  # equal prompts under different ids, or several requests with one prompt
+    OTHER_STEP = "another global step"  # its only counterparts ran in another rollout round (the line times say)
     OTHER_RANKS_ONLY = "other ranks only"  # Megatron: no generate dump at the training rank
     REPLICA = "replica"  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
     NO_JOIN_KEY = "no join key"  # neither a request id nor a prompt hash

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "built-in rules, for a model the built-in map does not know (docs/analysis.md, 'The name map')",
     )
     parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write the run's scalars per global step (first divergent layer, largest error per layer, the "
+        "token gap) as TensorBoard event files into DIR, e.g. beside verl's own (trainer.logger=tensorboard)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes comparing pairs (default: all cores)"
     )
     parser.add_argument(
@@ -50,8 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from msprobe_hooks.analysis import names, pairs, pool, report, symptom
-    from msprobe_hooks.analysis.pairs import PairKind
+    from msprobe_hooks.analysis import names, pairs, pool, report, run_view, symptom
     from msprobe_hooks.analysis.results import Verdict
 
     def fail(message: str) -> int:
@@ -91,11 +96,15 @@ def run(args: argparse.Namespace) -> int:
             raise
         return fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
     gaps = symptom.read_gaps(symptom.gap_logs(p.train.log for p in pair_list))
-    decode = any(p.kind == PairKind.DECODE for p in pair_list)
-    samples = symptom.causes(results, gaps) if gaps or decode else []
-    written = report.write(args.output, results, rows, args.threshold, samples)
-    for line in report.summary_lines(results, args.threshold, samples):
+    found = report.answer(results, rows, gaps)
+    written = report.write(args.output, found, args.threshold)
+    for line in report.summary_lines(found, args.threshold):
         print(line)
+    if args.tensorboard:
+        from msprobe_hooks.analysis import events
+
+        views = found.steps or run_view.steps(results, rows, gaps)
+        print(f"tensorboard: {events.write(args.tensorboard, views)} ({len(views)} global steps)")
     print(f"report: {written}")
     # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.
     return 1 if any(r.verdict in (Verdict.FAILED, Verdict.NOTHING_COMPARED) for r in results) else 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from msprobe_hooks import debugger as debugger_module
-from msprobe_hooks.join_keys import DISPATCH_LOG, DISPATCH_SOURCE, prompt_hash, timestamp
+from msprobe_hooks.join_keys import DISPATCH_LOG, DISPATCH_SOURCE, clock, prompt_hash, timestamp
 from msprobe_hooks.jsonl import JsonlLog, encode
 
 
@@ -134,7 +134,7 @@ def step_line(
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
     return (
-        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{os.getpid()},'
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","time":{clock()},"pid":{os.getpid()},'
         f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
         f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
         f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}]}}'

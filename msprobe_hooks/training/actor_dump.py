@@ -264,6 +264,7 @@ class ActorDumper:
         record = {
             "source": join_keys.TRAINING_SOURCE,
             "timestamp": join_keys.timestamp(),
+            "time": join_keys.clock(),
             "pid": os.getpid(),
             "rank": debugger_module.dump_rank(debugger),
             "step": window.step,

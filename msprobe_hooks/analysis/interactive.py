@@ -1,0 +1,173 @@
+"""The page's interactive figures (plotly, its bundle inlined once: the page stays one file that opens offline).
+
+Hovering a point of the depth plot or a cell of a heatmap shows the module, the pair or step and the
+error. The bundle adds ~4.8 MB to ``index.html`` (plotly.js 3, minified); the PNGs of :mod:`.plots` stay
+for ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from msprobe_hooks.analysis.plots import FLOOR
+from msprobe_hooks.analysis.results import PairResult, Status, Verdict
+from msprobe_hooks.analysis.run_view import StepView
+from msprobe_hooks.analysis.symptom import SampleCause
+
+
+def _html(figure: Any, div_id: str, first: bool) -> str:
+    return figure.to_html(full_html=False, include_plotlyjs=first, div_id=div_id, config={"displaylogo": False})
+
+
+def depth(rows: Any, results: Sequence[PairResult], threshold: float) -> Any:
+    """Error against the position in model order, one line per pair; hover: module, input/output, pair, error."""
+    import plotly.graph_objects as go
+
+    compared = rows[rows["status"] == Status.COMPARED.value]
+    positions = {order: x for x, order in enumerate(sorted(compared["order"].unique()))}
+    figure = go.Figure()
+    for result in sorted(results, key=lambda r: r.pair):
+        mine = compared[compared["pair"] == result.pair].sort_values("order")
+        if mine.empty:
+            continue
+        label = f"pair {result.pair} ({result.key}" + (
+            f", token {result.token_index})" if result.token_index is not None else ")"
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=[positions[o] for o in mine["order"]],
+                y=[max(float(e), FLOOR) for e in mine["error"]],
+                mode="lines+markers",
+                marker={"size": 4},
+                name=label,
+                customdata=list(zip(mine["module"], mine["io"], strict=True)),
+                hovertemplate=f"{label}<br>%{{customdata[0]}} %{{customdata[1]}}<br>error %{{y:.3g}}<extra></extra>",
+            )
+        )
+        if result.verdict is Verdict.DIVERGES and result.first_order in positions:
+            figure.add_trace(
+                go.Scatter(
+                    x=[positions[result.first_order]],
+                    y=[max(float(result.first_error), FLOOR)],
+                    mode="markers",
+                    marker={"size": 12, "color": "rgba(0,0,0,0)", "line": {"color": "red", "width": 2}},
+                    showlegend=False,
+                    hovertemplate=f"first divergence of {label}<br>{result.first_module} {result.first_io}"
+                    "<br>error %{y:.3g}<extra></extra>",
+                )
+            )
+    figure.add_hline(y=threshold, line={"color": "red", "dash": "dash", "width": 1})
+    figure.update_layout(
+        title="training forward vs inference: error by depth",
+        xaxis_title="module (model order)",
+        yaxis={"type": "log", "title": "relative error"},
+        height=420,
+        margin={"t": 50, "l": 60, "r": 20, "b": 50},
+        showlegend=len(results) <= 12,
+    )
+    return figure
+
+
+def decode(rows: Any, samples: Sequence[SampleCause], most: int = 6) -> Any | None:
+    """Error by decode token and decoder layer, a heatmap per sample; hover: token, layer, error."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    shown = [s for s in samples if any(r.compared for r in s.decode)][:most]
+    if not shown:
+        return None
+    compared = rows[(rows["status"] == Status.COMPARED.value) & rows["layer"].notna()]
+    figure = make_subplots(rows=1, cols=len(shown), subplot_titles=[f"{s.key} (step {s.global_step})" for s in shown])
+    for col, sample in enumerate(shown, 1):
+        pairs = [r for r in sample.decode if r.compared]
+        mine = compared[compared["pair"].isin([r.pair for r in pairs])]
+        grid = mine.pivot_table(index="layer", columns="pair", values="error", aggfunc="max").reindex(
+            columns=[r.pair for r in pairs]
+        )
+        z = [[math.log10(max(v, FLOOR)) if v == v else None for v in row] for row in grid.to_numpy().tolist()]
+        figure.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[r.token_index for r in pairs],
+                y=[f"L{int(layer)}" for layer in grid.index],
+                coloraxis="coloraxis",
+                hovertemplate=f"{sample.key}<br>response token %{{x}}<br>layer %{{y}}"
+                "<br>log10 error %{z:.2f}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
+    figure.update_layout(
+        title="decode tokens: largest error per layer",
+        coloraxis={"colorscale": "Magma", "cmin": -8, "colorbar": {"title": "log10 error"}},
+        height=380,
+        margin={"t": 70, "l": 50, "r": 20, "b": 40},
+    )
+    return figure
+
+
+def run(views: Sequence[StepView]) -> Any:
+    """Layer x global step heatmap of the largest error, the token gap per step beside it; hover: step, layer, error."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    layers = sorted({layer for v in views for layer in v.layer_errors})
+    steps = [v.global_step for v in views]
+    z = [
+        [math.log10(max(v.layer_errors[layer], FLOOR)) if layer in v.layer_errors else None for v in views]
+        for layer in layers
+    ]
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35], vertical_spacing=0.08)
+    figure.add_trace(
+        go.Heatmap(
+            z=z,
+            x=steps,
+            y=[f"L{layer}" for layer in layers],
+            colorscale="Magma",
+            zmin=-8,
+            colorbar={"title": "log10 error", "len": 0.6, "y": 0.7},
+            hovertemplate="global step %{x}<br>layer %{y}<br>log10 error %{z:.2f}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    firsts = [v for v in views if v.first is not None and v.first_layer is not None]
+    figure.add_trace(
+        go.Scatter(
+            x=[v.global_step for v in firsts],
+            y=[f"L{v.first_layer}" for v in firsts],
+            mode="markers",
+            marker={"color": "cyan", "size": 9, "symbol": "x"},
+            name="first divergence",
+            customdata=[f"{v.first.first_module} {v.first.first_io}" for v in firsts],  # type: ignore[union-attr]
+            hovertemplate="global step %{x}: first divergence<br>%{customdata}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    for name, dash in (("probs_diff_mean", "solid"), ("probs_diff_max", "dot"), ("token_gap_mean", "dash")):
+        with_gap = [v for v in views if name in v.gap]
+        if with_gap:
+            figure.add_trace(
+                go.Scatter(
+                    x=[v.global_step for v in with_gap],
+                    y=[v.gap[name] for v in with_gap],
+                    mode="lines+markers",
+                    line={"dash": dash},
+                    name=name,
+                    hovertemplate=f"global step %{{x}}<br>{name} %{{y:.3g}}<extra></extra>",
+                ),
+                row=2,
+                col=1,
+            )
+    figure.update_yaxes(type="log", title_text="token gap", row=2, col=1)
+    figure.update_xaxes(title_text="global step", row=2, col=1)
+    figure.update_layout(title="the run: error per layer and global step, the token gap", height=520)
+    return figure
+
+
+def fragments(figures: Sequence[tuple[str, Any]]) -> dict[str, str]:
+    """Each (div id, figure) as an HTML fragment; plotly.js inlined in the first only."""
+    return {div_id: _html(figure, div_id, first=i == 0) for i, (div_id, figure) in enumerate(figures)}

@@ -1,6 +1,6 @@
 """Cut the golden dump trees of ``tests/golden/`` from real engine runs (run once; the result is checked in).
 
-    .venv/bin/python scripts/make_golden.py [OUT]        (default tests/golden; needs .venv-vllm, .venv-sglang)
+    .venv/bin/python scripts/make_golden.py [OUT] [--only SET]   (default tests/golden; needs .venv-vllm, .venv-sglang)
 
 The fast tier (``make test-fast``) tests names, align, compare and the report on these trees
 without starting an engine. Each naming gets a folder holding the trees ``align`` reads: the
@@ -14,7 +14,12 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``fsdp1/`` the FSDP2 tree with its module names as FSDP1 writes them (``_fsdp_wrapped_module.``
   at the root and in each decoder layer): FSDP1 does not run on a CPU, the rewrite is the only
   change, and it is said so here and in the tree's README;
-* a weights copy with ``layers.1.mlp.down_proj`` x1.05 for vLLM (``vllm_perturbed/``).
+* a weights copy with ``layers.1.mlp.down_proj`` x1.05 for vLLM (``vllm_perturbed/``);
+* ``verdict/``: fp32 training (``actor/``) against vLLM in fp32 and bf16 on the demo's 4-layer model
+  (hidden 128, 4 prompts), clean and with one weight scaled (``VERDICT_CASES``): the proof of the verdict
+  rules on real pairs.
+
+``--only SET`` re-cuts one set (``namings``, ``verdict``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -91,47 +96,92 @@ def fsdp1_name(name: str) -> str:
     return f"{head}.{'.'.join(parts)}"
 
 
-def _perturb(model: Path, copy: Path) -> Path:
+def _perturb(model: Path, copy: Path, weight: str, factor: float) -> Path:
+    """A copy of ``model`` with ``weight`` scaled by ``factor``."""
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(model, copy, dirs_exist_ok=True)
     weights = load_file(os.fspath(model / "model.safetensors"))
-    weights[PERTURBED[0]] = weights[PERTURBED[0]] * PERTURBED[1]
+    weights[weight] = weights[weight] * factor
     save_file(weights, os.fspath(copy / "model.safetensors"), metadata={"format": "pt"})
     return copy
 
 
+def _prompts(path: Path, prompts: list[list[int]]) -> Path:
+    path.write_text(
+        "".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(prompts))
+    )
+    return path
+
+
+# The verdict set: fp32 training against vLLM in fp32 and bf16, on the demo's 4-layer model, with planted
+# changes of known place and size (docs/analysis.md, "The verdict"): (folder, vLLM dtype, weight, factor).
+VERDICT_CASES = (
+    ("fp32-clean", "float32", None, None),
+    ("fp32-up_proj-1.01", "float32", "model.layers.1.mlp.up_proj.weight", 1.01),
+    ("fp32-up_proj-1.03", "float32", "model.layers.1.mlp.up_proj.weight", 1.03),
+    ("fp32-down_proj-1.01", "float32", "model.layers.1.mlp.down_proj.weight", 1.01),
+    ("bf16-clean", "bfloat16", None, None),
+    ("bf16-up_proj-1.03", "bfloat16", "model.layers.1.mlp.up_proj.weight", 1.03),
+    ("bf16-up_proj-1.05", "bfloat16", "model.layers.1.mlp.up_proj.weight", 1.05),
+    ("bf16-down_proj-1.02", "bfloat16", "model.layers.1.mlp.down_proj.weight", 1.02),
+    ("bf16-q_proj-1.05", "bfloat16", "model.layers.2.self_attn.q_proj.weight", 1.05),
+)
+
+
+def _namings(work: Path, out: Path) -> None:
+    model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
+    perturbed = _perturb(model, work / "perturbed", *PERTURBED)
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    stats = msprobe_config(work / "statistics.json")
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    trees = {
+        "fsdp2/actor": run_training(work / "fsdp2", model, prompts, stats),
+        "vllm/generate": run_vllm(work / "vllm", model, prompts, stats),
+        "vllm_perturbed/generate": run_vllm(work / "vllm_perturbed", perturbed, prompts, stats),
+        "sglang/generate": run_sglang(work / "sglang", model, prompts, stats),
+        "tensor/actor": run_training(work / "tensor-train", model, prompts, tensor),
+        "tensor/generate": run_vllm(work / "tensor-vllm", model, prompts, tensor),
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / name)
+    _copy_tree(trees["fsdp2/actor"], out / "fsdp1" / "actor", rename=fsdp1_name)
+
+
+def _verdict(work: Path, out: Path) -> None:
+    from cpu_kit.demo_inputs import build_models, write_prompts
+
+    model, _ = build_models(work / "inputs")
+    prompts = write_prompts(work / "prompts.jsonl")
+    stats = msprobe_config(work / "statistics.json")
+    _copy_tree(run_training(work / "train", model, prompts, stats), out / "verdict" / "actor")
+    for name, dtype, weight, factor in VERDICT_CASES:
+        weights = _perturb(model, work / name, weight, factor) if weight else model
+        _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name)
+
+
+SETS = {"namings": _namings, "verdict": _verdict}
+
+
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "tests" / "golden").resolve()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default=os.fspath(REPO / "tests" / "golden"))
+    parser.add_argument("--only", action="append", choices=SETS, help="re-cut only this set (repeatable)")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    chosen = args.only or list(SETS)
     with tempfile.TemporaryDirectory(prefix="golden-") as folder:
-        work = Path(folder)
-        model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
-        perturbed = _perturb(model, work / "perturbed")
-        prompts = work / "prompts.jsonl"
-        prompts.write_text(
-            "".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(PROMPTS))
-        )
-        stats = msprobe_config(work / "statistics.json")
-        tensor = msprobe_config(work / "tensor.json", task="tensor")
-        trees = {
-            "fsdp2": run_training(work / "fsdp2", model, prompts, stats),
-            "vllm": run_vllm(work / "vllm", model, prompts, stats),
-            "vllm_perturbed": run_vllm(work / "vllm_perturbed", perturbed, prompts, stats),
-            "sglang": run_sglang(work / "sglang", model, prompts, stats),
-            "tensor/actor": run_training(work / "tensor-train", model, prompts, tensor),
-            "tensor/generate": run_vllm(work / "tensor-vllm", model, prompts, tensor),
-        }
-        if out.exists():
-            shutil.rmtree(out)
-        for name, tree in trees.items():
-            side = "" if "/" in name else ("actor" if name == "fsdp2" else "generate")
-            _copy_tree(tree, out / name / side if side else out / name)
-        _copy_tree(trees["fsdp2"], out / "fsdp1" / "actor", rename=fsdp1_name)
+        staged = Path(folder) / "out"
+        for name in chosen:
+            SETS[name](Path(folder) / name, staged)
+        for entry in staged.iterdir():  # only the sets made now are replaced
+            if (out / entry.name).exists():
+                shutil.rmtree(out / entry.name)
+            shutil.copytree(entry, out / entry.name)
     (out / README).write_text(__doc__.split("\n\n", 2)[2].replace("``", "`"))
-    sizes = {p.relative_to(out).parts[0]: 0 for p in out.iterdir() if p.is_dir()}
-    for path in out.rglob("*"):
-        if path.is_file() and path.relative_to(out).parts[0] in sizes:
-            sizes[path.relative_to(out).parts[0]] += path.stat().st_size
+    sizes = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in out.iterdir() if p.is_dir()}
     print("\n".join(f"{name}: {size / 1024:.0f} KiB" for name, size in sorted(sizes.items())))
     return 0
 

@@ -35,6 +35,7 @@ from msprobe_hooks.analysis.logs import (
 )
 from msprobe_hooks.analysis.pairs import LOG_FORMATS, GenerateSide, JoinRule, Pair, PairKind, RankRule, TrainSide
 from msprobe_hooks.analysis.results import Unpaired
+from msprobe_hooks.join_keys import PROMPT_WINDOW
 from msprobe_hooks.log import logger
 
 BACKENDS = ("fsdp", "megatron")
@@ -374,7 +375,8 @@ class Aligner:
         Joined by request id only (the same prompt recurs under other ids). Statistics dumps pair too:
         compare says they cannot be cut per token. None when the dump holds no response tokens.
         """
-        members = [m for m in dump.members if m.has_response]
+        # A prompt window lists its sample whole (seq_len counts the response), but holds its prompt only.
+        members = [m for m in dump.members if m.has_response] if dump.kind != PROMPT_WINDOW else []
         if not members:
             return None
         train_path = self._train_dump(dump)

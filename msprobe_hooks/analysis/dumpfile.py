@@ -16,6 +16,7 @@ from typing import Any
 
 DUMP_FILE = "dump.json"
 CHUNK = 1 << 20  # characters read at a time
+EMBEDDING_CHUNK = 1 << 16  # the embedding entry is within a dump's first few KB: read only that far
 _DECODER = json.JSONDecoder()
 _SPACE = " \t\r\n"
 # The embedding's input holds the token ids: the module (HF/vLLM/SGLang ``embed_tokens``, Megatron
@@ -34,9 +35,9 @@ def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
     return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
 
 
-def _open(path: str, chunk: int = CHUNK) -> _Reader:
+def _open(path: str, chunk: int | None = None) -> _Reader:
     try:
-        return _Reader(path, chunk)
+        return _Reader(path, chunk or CHUNK)
     except FileNotFoundError:
         raise DumpFileError(f"{path}: missing") from None
     except OSError as exc:
@@ -47,7 +48,8 @@ def check_readable(path: str) -> None:
     """Raise :class:`DumpFileError` unless ``path`` opens and starts as a JSON object."""
     reader = _open(path, 64)
     try:
-        reader.expect("{")
+        if reader.peek() != "{":
+            raise DumpFileError(f"{path}: not an msprobe dump.json (expected a JSON object)")
     finally:
         reader.handle.close()
 
@@ -115,7 +117,7 @@ class _Reader:
             self._more()
 
 
-def entries(path: str, chunk: int = CHUNK) -> Iterator[tuple[str, Any, bool]]:
+def entries(path: str, chunk: int | None = None) -> Iterator[tuple[str, Any, bool]]:
     """``(key, value, is_data_entry)``: top-level fields (False) and each ``data`` member (True), in file order."""
     reader = _open(path, chunk)
     try:
@@ -150,7 +152,7 @@ def embedding_tokens(path: str) -> int | None:
     msprobe's ``request_id`` filter it is that one request's token count. msprobe writes entries in
     call order, so the embedding is among the first: the file is read only up to it.
     """
-    for name, entry, is_entry in entries(path, 1 << 16):
+    for name, entry, is_entry in entries(path, EMBEDDING_CHUNK):
         if is_entry and (name == _EMBEDDING_API or (name.startswith("Module.") and _is_embedding_module(name))):
             try:
                 return math.prod(int(n) for n in entry["input_args"][0]["shape"])

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from msprobe_hooks.join_keys import DISPATCH_SOURCE, strip_vllm_suffix
+from msprobe_hooks.join_keys import DISPATCH_SOURCE, PROMPT_WINDOW, strip_vllm_suffix
 
 Warn = Callable[[str], None]
 
@@ -111,7 +111,7 @@ class TrainDump:
     def prompt_only(self) -> bool:
         """The dump holds the prompt alone: a PROMPTS_ONLY=1 prompt dump, a trimmed micro-batch, or a
         recipe line (the recipe trims the responses)."""
-        if self.kind == "prompt":
+        if self.kind == PROMPT_WINDOW:
             return True
         return self.seq_len is None or self.prompt_len is None or self.seq_len == self.prompt_len
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.compare_runs import raw_pairs
 from support.dispatch_lines import step_record
 from support.interpreter import clean_env
 
 from cpu_kit import verl_cpu  # the demo's samples: the prompts the training side dumped
 from msprobe_hooks.analysis import logs
-from msprobe_hooks.analysis import pairs as pairs_file
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import prompt_hash
 
@@ -175,7 +175,7 @@ def align(train: Path, generate: Path, out: Path, *options: str) -> tuple[int, s
     """Run the command as a user does; returns (status, stdout, stderr, pairs read back)."""
     command = [sys.executable, "-m", "msprobe_hooks", "align", str(train), str(generate), "-o", str(out), *options]
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=120)
-    found = list(pairs_file.read(str(out))) if out.is_file() else []
+    found = raw_pairs(out) if out.is_file() else []
     return done.returncode, done.stdout, done.stderr, found
 
 
@@ -445,7 +445,7 @@ def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, g
     assert written["generate"]["dump"] == f"generate/{GEN_PID}/step0/rank0/dump.json"
     moved = tmp_path / "moved"
     job.rename(moved)
-    (pair,) = pairs_file.read(str(moved / "pairs.jsonl"))
+    (pair,) = raw_pairs(moved / "pairs.jsonl")
     assert pair["train"]["dump"] == str(moved / "actor/step0/rank0/dump.json") and Path(pair["train"]["dump"]).is_file()
     assert Path(pair["generate"]["dump"]).is_file()
     # A pairs file elsewhere names the dumps by absolute path.
@@ -487,7 +487,8 @@ def test_align_imports_no_torch(training, gen, tmp_path):
 
 
 def test_decode_lines_read_without_json_agree_with_json(tmp_path):
-    """Our decode-only lines are scanned, not parsed (most lines of a long log): the same answer."""
+    """Our undumped decode-only lines are scanned, not parsed (most lines of a long log): the same answer. A
+    dumped one is read whole: a decode pair needs its rows (offset, computed tokens)."""
     odd = verl_cpu.Sample(prompt=(3, 4), response=(), uid="x", request_id='quote"and\\slash')
     records = [
         step_record(engine="sglang", engine_version=None, rank=1, step=n, dumped=dumped, requests=rows)
@@ -505,19 +506,24 @@ def test_decode_lines_read_without_json_agree_with_json(tmp_path):
     spaced_log.write_text("".join(json.dumps(r) + "\n" for r in records))
     scanned = list(logs.read_dispatch(str(compact_log), pytest.fail))
     parsed = list(logs.read_dispatch(str(spaced_log), pytest.fail))
-    assert all(logs._decode_line(compact(r)) is not None for r in records[:3])
-    assert scanned[:3] == parsed[:3]
-    assert scanned[1] == logs.DecodeStep(
-        False, ["req-uid-0", 'quote"and\\slash'], [prompt_hash(SAMPLES[0].prompt), prompt_hash(odd.prompt)]
+    assert [logs._decode_line(compact(r)) is not None for r in records] == [False, True, False, False]
+    assert (
+        scanned[1]
+        == parsed[1]
+        == logs.DecodeStep(
+            False, ["req-uid-0", 'quote"and\\slash'], [prompt_hash(SAMPLES[0].prompt), prompt_hash(odd.prompt)]
+        )
     )
-    assert isinstance(scanned[3], logs.GenStep) and scanned[3].rows == parsed[3].rows
+    for read, whole in zip([scanned[i] for i in (0, 2, 3)], [parsed[i] for i in (0, 2, 3)], strict=True):
+        assert isinstance(read, logs.GenStep) and read.rows == whole.rows and read.dumped is True
+    assert [row.computed for row in scanned[0].rows] == [len(s.prompt) for s in SAMPLES]  # decode: after the prompt
 
 
 def test_embedding_token_count_streams_any_dump(training, embedding_dumps, tmp_path):
-    from msprobe_hooks.analysis import dumps
+    from msprobe_hooks.analysis import dumpfile
 
-    assert dumps.embedding_tokens(str(training / "step1" / "rank0" / "dump.json")) == 7  # [1, 7], level mix
-    assert dumps.embedding_tokens(str(embedding_dumps[12] / "dump.json")) == 12  # [12], level L0
+    assert dumpfile.embedding_tokens(str(training / "step1" / "rank0" / "dump.json")) == 7  # [1, 7], level mix
+    assert dumpfile.embedding_tokens(str(embedding_dumps[12] / "dump.json")) == 12  # [12], level L0
     real = json.loads((embedding_dumps[6] / "dump.json").read_text())
     (entry,) = [value for name, value in real["data"].items() if ".embed_tokens." in name]
     # Megatron's name, behind ~300 KB of other entries, placed so that the reader's chunk boundary
@@ -530,15 +536,15 @@ def test_embedding_token_count_streams_any_dump(training, embedding_dumps, tmp_p
         first["pad"] = "x" * 300
         real["data"] = {**filler, name: entry}
         start = json.dumps(real, indent=1).index(f'"{name}"')
-        first["pad"] += "x" * ((-start - before_boundary) % dumps._CHUNK)
+        first["pad"] += "x" * ((-start - before_boundary) % dumpfile.EMBEDDING_CHUNK)
         text = json.dumps(real, indent=1)
-        assert text.index(f'"{name}"') % dumps._CHUNK == dumps._CHUNK - before_boundary
+        assert text.index(f'"{name}"') % dumpfile.EMBEDDING_CHUNK == dumpfile.EMBEDDING_CHUNK - before_boundary
         big.write_text(text)
-        assert dumps.embedding_tokens(str(big)) == 6
+        assert dumpfile.embedding_tokens(str(big)) == 6
     cut = tmp_path / "cut.json"
     cut.write_text(big.read_text()[: big.stat().st_size - 200])
-    with pytest.raises(dumps.DumpUnreadable, match="cut.json: not valid JSON"):
-        dumps.embedding_tokens(str(cut))
+    with pytest.raises(dumpfile.DumpFileError, match="cut.json: .*truncated"):
+        dumpfile.embedding_tokens(str(cut))
     real["data"] = filler
     big.write_text(json.dumps(real, indent=1))
-    assert dumps.embedding_tokens(str(big)) is None
+    assert dumpfile.embedding_tokens(str(big)) is None

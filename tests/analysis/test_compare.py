@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy
 import pandas
 import pytest
-from support.compare_runs import align, msprobe_config, run_compare, run_training, run_vllm
+from support.compare_runs import align, msprobe_config, raw_pairs, run_compare, run_training, run_vllm, write_raw
+from support.pages import offline
 
 from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
-from msprobe_hooks.analysis import compare, names, pairs
+from msprobe_hooks.analysis import compare, names
+from msprobe_hooks.analysis.results import Status, Verdict
 from msprobe_hooks.analysis.statistics import fuse
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
@@ -64,14 +66,14 @@ def l0_perturbed(setup, l0):
 
 def test_identical_weights_no_divergence(l0, tmp_path):
     done, results, rows = run_compare(l0[0], tmp_path / "report")
-    assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     assert list(results["unmatched"]) == [0] * 4
     assert results["max_error"].max() < 1e-5  # measured <= 1.3e-6 in fp32
-    assert done.stdout.startswith(f"4 pairs: {compare.NO_DIVERGENCE}")
+    assert done.stdout.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
     # the [1,T,H] training tensors met their [T,H] inference counterparts
     row = rows[(rows["module"] == "layers.0.self_attn.qkv_proj") & (rows["io"] == "output")].iloc[0]
-    assert row["status"] == compare.COMPARED
+    assert row["status"] == Status.COMPARED
     assert row["train_shape"].startswith("6x") and row["generate_shape"].startswith("6x")
     # vLLM's fused-residual norm: output 1 is the training norm's input and the previous layer's output
     stream = rows[(rows["pair"] == 0) & (rows["module"] == "layers.0") & (rows["io"] == "output")].iloc[0]
@@ -79,12 +81,12 @@ def test_identical_weights_no_divergence(l0, tmp_path):
     assert stream["train_name"].endswith("layers.0.FSDPQwen2DecoderLayer.forward.0.output.0")
     # parameters (vLLM CPU leaves .weight empty) are listed, never compared
     weights = rows[rows["train_name"].fillna("").str.contains(".parameters.")]
-    assert len(weights) and set(weights["status"]) == {compare.NOT_COMPARABLE}
+    assert len(weights) and set(weights["status"]) == {Status.NOT_COMPARABLE}
 
 
 def test_perturbed_weights_name_the_module(l0_perturbed, tmp_path):
     done, results, rows = run_compare(l0_perturbed, tmp_path / "report")
-    assert list(results["verdict"]) == [compare.DIVERGES] * 4
+    assert list(results["verdict"]) == [Verdict.DIVERGES] * 4
     assert list(results["first_module"]) == [PERTURBED_MODULE] * 4
     assert list(results["first_io"]) == ["output"] * 4
     expected = (PERTURBATION - 1) / PERTURBATION  # |train - gen| / |gen| with gen = 1.05 train
@@ -100,12 +102,12 @@ def test_perturbed_weights_name_the_module(l0_perturbed, tmp_path):
 
 def test_fused_statistics_follow_from_parts(l0):
     """qkv_proj and gate_up_proj of vLLM against the exact combination of the training parts."""
-    (pair, *_) = pairs.read(str(l0[0]))
-    train = compare.read_side(pair["train"]["dump"])
-    generate = compare.read_side(pair["generate"]["dump"])
+    (pair, *_) = raw_pairs(l0[0])
+    train = compare.read_side(pair["train"]["dump"], names.load())
+    generate = compare.read_side(pair["generate"]["dump"], names.load())
     for module in ("layers.2.self_attn.qkv_proj", "layers.2.mlp.gate_up_proj"):
         held = train.tensors[(module, "output", 0)]
-        assert len(held.parts) == names.FUSED_PARTS[module.split(".", 2)[-1]]
+        assert len(held.parts) == names.load().parts_of(module)
         parts = [stats for _, stats, _ in held.in_order()]
         fused = fuse(parts)
         numel = sum(p.numel for p in parts)
@@ -120,7 +122,7 @@ def test_fused_statistics_follow_from_parts(l0):
 
 def test_unmatched_modules_are_listed_never_passed(l0, tmp_path):
     """A module missing on one side, and a pair whose names match nothing, as msprobe compare gets on FSDP2."""
-    (pair, second, *_) = pairs.read(str(l0[0]))
+    (pair, second, *_) = raw_pairs(l0[0])
     generate = json.loads(Path(pair["generate"]["dump"]).read_text())
     dropped = "Module.model.layers.2.self_attn.o_proj.RowParallelLinear.forward.0"
     del generate["data"][dropped]
@@ -132,22 +134,22 @@ def test_unmatched_modules_are_listed_never_passed(l0, tmp_path):
         {**pair, "generate": {**pair["generate"], "dump": "gen.json"}},
         {**second, "train": {**second["train"], "dump": "train.json"}},
     ]
-    pairs.write(edited, str(tmp_path / "pairs.jsonl"))
+    write_raw(edited, str(tmp_path / "pairs.jsonl"))
     _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report", status=1)
     first = rows[rows["pair"] == pair["pair"]]
     lost = first[first["module"] == "layers.2.self_attn.o_proj"]
-    assert set(lost["status"]) == {compare.UNMATCHED} and len(lost) == 2  # its input and output
-    assert (first["status"] == compare.UNMATCHED).sum() == 2
-    assert results.iloc[0]["verdict"] == compare.NO_DIVERGENCE
+    assert set(lost["status"]) == {Status.UNMATCHED} and len(lost) == 2  # its input and output
+    assert (first["status"] == Status.UNMATCHED).sum() == 2
+    assert results.iloc[0]["verdict"] == Verdict.NO_DIVERGENCE
     assert results.iloc[0]["compared"] == COMPARED_PER_PAIR - 2
     nothing = results[results["pair"] == second["pair"]].iloc[0]
-    assert nothing["verdict"] == compare.NOTHING_COMPARED and nothing["compared"] == 0
+    assert nothing["verdict"] == Verdict.NOTHING_COMPARED and nothing["compared"] == 0
     assert nothing["unmatched"] > 0
 
 
 def test_fsdp1_and_megatron_names_map_like_fsdp2(l0, tmp_path):
     """The training names rewritten the way FSDP1 (and a Megatron chunk list) write them still line up."""
-    (pair, *_) = pairs.read(str(l0[0]))
+    (pair, *_) = raw_pairs(l0[0])
     train = json.loads(Path(pair["train"]["dump"]).read_text())
     fsdp1 = {}
     for key, value in train["data"].items():
@@ -155,10 +157,10 @@ def test_fsdp1_and_megatron_names_map_like_fsdp2(l0, tmp_path):
         fsdp1[key.replace(".self_attn.", "._fsdp_wrapped_module.self_attn.")] = value
     train["data"] = fsdp1
     (tmp_path / "fsdp1.json").write_text(json.dumps(train))
-    pairs.write([{**pair, "train": {**pair["train"], "dump": "fsdp1.json"}}], str(tmp_path / "pairs.jsonl"))
+    write_raw([{**pair, "train": {**pair["train"], "dump": "fsdp1.json"}}], str(tmp_path / "pairs.jsonl"))
     _, results, _ = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
     assert results.iloc[0]["compared"] == COMPARED_PER_PAIR
-    assert results.iloc[0]["verdict"] == compare.NO_DIVERGENCE
+    assert results.iloc[0]["verdict"] == Verdict.NO_DIVERGENCE
     megatron = names.parse(
         "Module.0.module.module.decoder.layers.3.self_attention.linear_qkv.ColumnParallelLinear.forward.0"
     )
@@ -174,7 +176,7 @@ def test_fsdp1_and_megatron_names_map_like_fsdp2(l0, tmp_path):
 def test_mix_level_api_rows_stay_out_of_the_verdict(setup, tmp_path):
     pairs_file, _ = _pairs(setup, "mix", "statistics", "mix")
     done, results, rows = run_compare(pairs_file, tmp_path / "report")
-    assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     train_api, generate_api = (int(n) for n in results.iloc[0]["api_rows"].split("/"))
     assert train_api > 0 and generate_api > 0  # Functional./Tensor./Torch. rows were there
@@ -186,8 +188,8 @@ def test_tensor_mode_compares_tensors(setup, tmp_path):
     pairs_file, _ = _pairs(setup, "tensor", "tensor", "L0")
     _, results, rows = run_compare(pairs_file, tmp_path / "report")
     assert list(results["mode"]) == ["tensor"] * 4
-    assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
-    compared = rows[rows["status"] == compare.COMPARED]
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
+    compared = rows[rows["status"] == Status.COMPARED]
     assert len(compared) == 4 * COMPARED_PER_PAIR
     assert compared["cosine"].min() > 0.99999
     assert compared["tensor_rel"].max() < 1e-5
@@ -206,7 +208,7 @@ def test_report_files_and_the_plot_in_chromium(l0_perturbed, tmp_path):
     summary = (out / "summary.md").read_text()
     assert f"first divergence: {PERTURBED_MODULE} output" in summary
     page = (out / "index.html").read_text()
-    assert "http://" not in page and "https://" not in page  # opens offline
+    assert offline(page)
     chromium = shutil.which("chromium")
     assert chromium, "chromium is not on PATH: make test installs it (make chromium)"
     shot = tmp_path / "page.png"
@@ -223,23 +225,23 @@ def test_report_files_and_the_plot_in_chromium(l0_perturbed, tmp_path):
 
 def test_tensor_parallel_shards_are_not_comparable(l0, tmp_path):
     """An inference rank holding half of a column-parallel output (TP 2 against unsharded training)."""
-    (pair, *_) = pairs.read(str(l0[0]))
+    (pair, *_) = raw_pairs(l0[0])
     generate = json.loads(Path(pair["generate"]["dump"]).read_text())
     qkv = generate["data"]["Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0"]
     qkv["output"][0]["shape"][-1] //= 2
     o_proj = generate["data"]["Module.model.layers.0.self_attn.o_proj.RowParallelLinear.forward.0"]
     o_proj["input_args"][0]["shape"][-1] //= 2
     (tmp_path / "gen.json").write_text(json.dumps(generate))
-    pairs.write([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
+    write_raw([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
     _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
     sharded = rows[rows["reason"].fillna("").str.startswith("shapes differ")]
     assert sorted(zip(sharded["module"], sharded["io"], strict=True)) == [
         ("layers.0.self_attn.o_proj", "input"),
         ("layers.0.self_attn.qkv_proj", "output"),
     ]
-    assert set(sharded["status"]) == {compare.NOT_COMPARABLE}
+    assert set(sharded["status"]) == {Status.NOT_COMPARABLE}
     assert results.iloc[0]["compared"] == COMPARED_PER_PAIR - 2
-    assert results.iloc[0]["verdict"] == compare.NO_DIVERGENCE
+    assert results.iloc[0]["verdict"] == Verdict.NO_DIVERGENCE
 
 
 def test_bad_input_one_line_and_partial_results(l0, tmp_path):
@@ -254,16 +256,16 @@ def test_bad_input_one_line_and_partial_results(l0, tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"pair": 0}\n')
     broken = cli(str(tmp_path / "broken.jsonl"))
     assert broken.returncode == 2 and "broken.jsonl:1" in broken.stderr and "train.dump" in broken.stderr
-    (pair, second, *_) = pairs.read(str(l0[0]))
+    (pair, second, *_) = raw_pairs(l0[0])
     lost = {**pair, "generate": {**pair["generate"], "dump": str(tmp_path / "gone.json")}}
-    pairs.write([lost, second], str(tmp_path / "partial.jsonl"))
+    write_raw([lost, second], str(tmp_path / "partial.jsonl"))
     partial = cli(str(tmp_path / "partial.jsonl"))
     assert partial.returncode == 1
     assert (
-        f"pair {pair['pair']}: {compare.FAILED}: cannot read a dump" in partial.stdout and "gone.json" in partial.stdout
+        f"pair {pair['pair']}: {Verdict.FAILED}: cannot read a dump" in partial.stdout and "gone.json" in partial.stdout
     )
     results = pandas.read_csv(tmp_path / "out" / "pairs.csv")
-    assert list(results["verdict"]) == [compare.FAILED, compare.NO_DIVERGENCE]
+    assert list(results["verdict"]) == [Verdict.FAILED, Verdict.NO_DIVERGENCE]
 
 
 def _scale(entry: dict, where: str, factor: float) -> None:
@@ -289,24 +291,29 @@ def _scale(entry: dict, where: str, factor: float) -> None:
             "layers.2.self_attn.o_proj input",
         ),
         ([("model.norm.RMSNorm", "output.0", 1.1)], "norm output"),
-        ([("model.layers.1.mlp.down_proj.RowParallelLinear", "output.0", 1.01)], None),  # under the threshold
+        # under the fixed threshold, a step up from fp32 noise all the same: the step rule names it
+        ([("model.layers.1.mlp.down_proj.RowParallelLinear", "output.0", 1.01)], "layers.1.mlp.down_proj output"),
     ],
 )  # fmt: skip
+def factor_of(changed: list[tuple[str, str, float]]) -> float:
+    return max(factor for _, _, factor in changed)
+
+
 def test_the_first_divergence_in_model_order(l0, tmp_path, changed, expected):
-    (pair, *_) = pairs.read(str(l0[0]))
+    (pair, *_) = raw_pairs(l0[0])
     generate = json.loads(Path(pair["generate"]["dump"]).read_text())
     for module, where, factor in changed:
         _scale(generate["data"][f"Module.{module}.forward.0"], where, factor)
     (tmp_path / "gen.json").write_text(json.dumps(generate))
-    pairs.write([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
+    write_raw([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
     _, results, _ = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
     result = results.iloc[0]
-    if expected is None:
-        assert result["verdict"] == compare.NO_DIVERGENCE
-        assert result["max_error"] == pytest.approx(0.01 / 1.01, rel=1e-3)  # the largest error seen is reported
-    else:
-        assert result["verdict"] == compare.DIVERGES
-        assert f"{result['first_module']} {result['first_io']}" == expected
+    assert result["verdict"] == Verdict.DIVERGES
+    assert f"{result['first_module']} {result['first_io']}" == expected
+    assert result["first_rule"] == "step"
+    if factor_of(changed) < 1.02:  # the fixed threshold names nothing; the error is the change's
+        assert pandas.isna(result["threshold_module"])
+        assert result["first_error"] == pytest.approx(0.01 / 1.01, rel=1e-3)
 
 
 RAY_CLUSTER = """
@@ -336,7 +343,7 @@ def test_ray_runs_the_pairs_on_an_existing_cluster(l0, tmp_path, ray_tmp):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         results = pandas.read_csv(out / "pairs.csv")
-        assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
+        assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
         assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     finally:
         cluster.stdin.close()
@@ -347,7 +354,7 @@ def test_dump_file_streams_entries_as_json_load_reads_them(l0, tmp_path, monkeyp
     """Entry by entry through a tiny read buffer (every boundary case), the same as json.load; truncation named."""
     from msprobe_hooks.analysis import dumpfile
 
-    (pair, *_) = pairs.read(str(l0[0]))
+    (pair, *_) = raw_pairs(l0[0])
     path = pair["generate"]["dump"]
     whole = json.loads(Path(path).read_text())
     monkeypatch.setattr(dumpfile, "CHUNK", 7)

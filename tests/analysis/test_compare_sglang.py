@@ -15,7 +15,8 @@ import pytest
 from support.compare_runs import align, msprobe_config, run_compare, run_sglang, run_training
 
 from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
-from msprobe_hooks.analysis import compare, names
+from msprobe_hooks.analysis import names
+from msprobe_hooks.analysis.results import Status, Verdict
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -75,24 +76,24 @@ def test_align_pairs_every_prompt_by_request_id(l0):
 
 def test_identical_weights_no_divergence(l0, tmp_path):
     done, results, rows = run_compare(l0[0], tmp_path / "report")
-    assert list(results["verdict"]) == [compare.NO_DIVERGENCE] * 4
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     assert list(results["unmatched"]) == [0] * 4
     assert results["max_error"].max() < 1e-5  # measured <= 5.8e-7 in fp32
-    assert done.stdout.startswith(f"4 pairs: {compare.NO_DIVERGENCE}")
+    assert done.stdout.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
     # SGLang's fused-residual norm: output 1 is the previous layer's output, as vLLM's
     stream = rows[(rows["pair"] == 0) & (rows["module"] == "layers.0") & (rows["io"] == "output")].iloc[0]
     assert stream["generate_name"].endswith("layers.1.input_layernorm.RMSNorm.forward.0.output.1")
     # SGLang dumps the whole decoder stack, which msprobe skips on the training side under verl
     stack = rows[rows["generate_name"].fillna("").str.startswith("Module.model.Qwen2Model.forward.0.")]
     assert len(stack) == 4 * 3  # input ids, positions, output; per pair
-    assert set(stack["status"]) == {compare.NOT_COMPARABLE}
+    assert set(stack["status"]) == {Status.NOT_COMPARABLE}
     assert set(stack["reason"]) == {names.load().reasons["whole_model"]}
 
 
 def test_perturbed_weights_name_the_module(l0_perturbed, tmp_path):
     done, results, rows = run_compare(l0_perturbed[0], tmp_path / "report")
-    assert list(results["verdict"]) == [compare.DIVERGES] * 4
+    assert list(results["verdict"]) == [Verdict.DIVERGES] * 4
     assert list(results["first_module"]) == [PERTURBED_MODULE] * 4
     assert list(results["first_io"]) == ["output"] * 4
     expected = (PERTURBATION - 1) / PERTURBATION  # |train - gen| / |gen| with gen = 1.05 train

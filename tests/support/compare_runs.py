@@ -100,12 +100,13 @@ def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     return root
 
 
-def run_vllm(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
-    """vLLM's CPU engine, one request per prefill step; returns the inference dump root."""
+def run_vllm(tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32") -> Path:
+    """vLLM's CPU engine (in ``dtype``), one request per prefill step; returns the inference dump root."""
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
     env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
     command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
+    command += ["--dtype", dtype]
     try:
         _run(command, env, tmp / "vllm.log")
     finally:
@@ -133,3 +134,17 @@ def run_compare(
     )
     assert done.returncode == status, done.stderr
     return done, pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")
+
+
+def raw_pairs(path: Path | str) -> list[dict]:
+    """The lines of a pairs file as JSON objects, dump paths resolved (``pairs.read`` gives typed pairs)."""
+    from msprobe_hooks.analysis import pairs
+
+    return [pair.record() for pair in pairs.read(str(path))]
+
+
+def write_raw(records: list[dict], path: Path | str) -> None:
+    """Write edited pairs lines (JSON objects, as :func:`raw_pairs` gives them) as a pairs file."""
+    from msprobe_hooks.analysis import pairs
+
+    pairs.write([pairs.Pair.from_record(record) for record in records], str(path))

@@ -212,17 +212,21 @@ class Aligner:
         """The global step whose rollout an inference step belongs to, by the logs' times; None if unknown.
 
         RL runs each global step as rollout, then training: an inference step at time ``s`` belongs to the
-        first global step whose training lines all come after ``s``, provided every line of the previous
-        global step came before it. A step between the two, or inside a training step's span (an
-        asynchronous trainer), or without a time, has no round.
+        first global step g whose training lines all come after ``s``, provided every line of the global
+        step before it came before ``s`` and that step is g - 1 (with a step missing from the logs, the
+        rollout before g may be the missing one's). One inside a training step's span (an asynchronous
+        trainer), or without a time, has no round.
         """
         if step.time is None:
             return None
-        previous_last = None
+        previous: tuple[Any, float] | None = None  # the global step before, and its last line's time
         for global_step, (first, last) in sorted(self._step_times.items(), key=lambda item: item[1]):
             if first > step.time:
-                return global_step if previous_last is None or previous_last < step.time else None
-            previous_last = last
+                if previous is None:
+                    return global_step
+                after_previous = previous[1] < step.time
+                return global_step if after_previous and _consecutive(previous[0], global_step) else None
+            previous = (global_step, last)
         return None
 
     def _same_round(self, dump: TrainDump, candidates: list[_Candidate]) -> list[_Candidate]:
@@ -518,6 +522,13 @@ class Aligner:
             if (step.log, step.line) not in self._used:
                 result.generate_unpaired[self._generate_reason(step)] += 1
         return result
+
+
+def _consecutive(before: Any, after: Any) -> bool:
+    """Whether global step ``after`` directly follows ``before`` (steps that are not numbers: taken as such)."""
+    if isinstance(before, int) and isinstance(after, int):
+        return after == before + 1
+    return True
 
 
 def config_request_ids(path: str) -> frozenset[str]:

@@ -60,3 +60,59 @@ def scale_output(root: Path, module: str, factor: float, output: int = 0, io: st
 
     edit_entries(root, edit)
     return changed
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_lines(path: Path, lines: list[dict]) -> None:
+    path.write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+
+
+def two_step_run(into: Path, *, ids: bool, times: bool) -> tuple[Path, Path]:
+    """(training root, generate root) of a run of two global steps made from the golden FSDP2 and vLLM trees.
+
+    Global step g's rollout (the vLLM steps, copied) comes before its training dumps (the FSDP2 ones,
+    copied with ``global_step`` g): the same prompts in both steps, as every epoch brings them back.
+    ``ids``: request ids unique per rollout (``g{g}-req-i``), else none on either side (the prompt hash
+    is all a join has). ``times``: the lines carry the ``time`` field, rollout g at 100 g s, its training
+    at 100 g + 50 s; else neither side says when.
+    """
+    train, generate = into / "actor", into / "generate"
+    (train_log,) = (GOLDEN / "fsdp2" / "actor").glob("*/update_actor_log.jsonl")
+    (gen_log,) = (GOLDEN / "vllm" / "generate").glob("*/dispatch_log.jsonl")
+    train_lines, gen_lines = _lines(train_log), _lines(gen_log)
+    out_train, out_gen = [], []
+    for g in (1, 2):
+        for line in gen_lines:
+            step = line["step"] + (g - 1) * len(gen_lines)
+            source = gen_log.parent / f"step{line['step']}"
+            shutil.copytree(source, generate / gen_log.parent.name / f"step{step}")
+            copy = json.loads(json.dumps(line))
+            copy["step"] = step
+            for row in copy["requests"]:
+                if ids:
+                    row["request_id"] = f"g{g}-{row['request_id']}"
+                    row["request_id_base"] = f"g{g}-{row['request_id_base']}"
+                else:
+                    row["request_id"] = row["request_id_base"] = None
+            if times:
+                copy["time"] = 100.0 * g + step
+            out_gen.append(copy)
+        for line in train_lines:
+            step = line["step"] + (g - 1) * len(train_lines)
+            shutil.copytree(train_log.parent.parent / f"step{line['step']}", train / f"step{step}")
+            copy = json.loads(json.dumps(line))
+            copy["step"], copy["global_step"] = step, g
+            for sample in copy["samples"]:
+                new = f"g{g}-{sample['request_id']}" if ids else None
+                sample["request_id"], sample["request_ids"] = new, [new] if new else []
+            copy["request_ids"] = [s["request_id"] for s in copy["samples"] if s["request_id"]]
+            if times:
+                copy["time"] = 100.0 * g + 50 + step
+            out_train.append(copy)
+    (train / train_log.parent.name).mkdir(parents=True)
+    _write_lines(train / train_log.parent.name / train_log.name, out_train)
+    _write_lines(generate / gen_log.parent.name / gen_log.name, out_gen)
+    return train, generate

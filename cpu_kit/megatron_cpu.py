@@ -2,12 +2,12 @@
 
 The same tiny Qwen2 folder as :mod:`cpu_kit.verl_cpu` (``build_model_dir``) loads here through
 mbridge's Qwen2 bridge, so one HF checkpoint feeds the Megatron engine and the real vLLM engine.
-Nothing in verl, megatron-core or mbridge is edited; what a CPU needs is done in this process
-(see ``/work/shared/reference/real-megatron-cpu.md`` for how each item was found):
+Nothing in verl, megatron-core or mbridge is edited; what a CPU needs is done in this process:
 
 * verl's CPU platform (:func:`cpu_kit.verl_cpu.register_cpu_platform`), gloo;
 * megatron-core asks ``torch.cuda.current_device()`` where to put buffers, and mbridge moves the
-  model with ``Module.cuda()``: answered "cpu" and made a no-op;
+  model with ``Module.cuda()``: answered "cpu" and made a no-op; the pipeline schedule's
+  ``torch.cuda.synchronize()`` does nothing;
 * ``device="cuda"`` literals and ``Tensor.cuda()`` in Megatron's schedule and optimizer, and the
   optimizer's ``param.type() == "torch.cuda.*Tensor"`` checks: a process-wide
   ``TorchFunctionMode`` (:class:`_CudaOnCpu`) maps them to the CPU;
@@ -18,8 +18,9 @@ Nothing in verl, megatron-core or mbridge is edited; what a CPU needs is done in
 * the local attention has no packed (THD) path: BSHD (``use_remove_padding=False``), with verl's
   ``[b, s]`` padding mask turned into the ``[b, 1, s, s]`` causal + padding mask that
   ``DotProductAttention`` reads (:func:`_attention_mask`);
-* every fusion off, no sequence parallelism (the torch RMSNorm refuses it), bf16 (verl's Megatron
-  config refuses fp32), ``vanilla_mbridge=True`` (Megatron-Bridge needs TransformerEngine).
+* every fusion off, no sequence parallelism (mbridge turns it on whenever TP > 1, and the torch
+  RMSNorm refuses it), bf16 (verl's Megatron config refuses fp32), ``vanilla_mbridge=True``
+  (verl's default, Megatron-Bridge, needs TransformerEngine).
 
 Call :func:`init_process` first in every process (world size 1 without torchrun), then
 :func:`make_engine`; :func:`log_probs` and :func:`update` are :mod:`cpu_kit.verl_cpu`'s.
@@ -49,9 +50,12 @@ NO_FUSIONS = {
 
 
 def _is_cuda(device: Any) -> bool:
+    """A device argument naming a CUDA device: ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda")`` or an index."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
-    return isinstance(device, str) and device.split(":")[0] == "cuda" or isinstance(device, int)
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    return isinstance(device, int) and not isinstance(device, bool)
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -113,7 +117,7 @@ def _register_local_spec_bridge() -> None:
         }
 
         def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
-            self.has_vp_stage = True
+            self.has_vp_stage = True  # what mbridge's own method records: megatron-core 0.16 takes vp_stage
             return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, vp_stage=vp_stage)
 
 

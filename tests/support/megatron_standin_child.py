@@ -9,8 +9,8 @@ The spec:
 * ``keep``: ``{rank: n}``, that rank keeps only its first n samples;
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
 * ``scenarios``: one log-prob pass each, in order: ``name``; ``engine``: ``forward_only`` (the ref
-  engine), ``router_replay`` (mode), ``dynamic_context_parallel``; ``trimmed`` (responses cut off, as
-  the trainer's trim does); ``grad`` (run the pass with grad enabled);
+  engine), ``pipeline`` (parallel size), ``router_replay`` (mode), ``dynamic_context_parallel``;
+  ``trimmed`` (responses cut off, as the trainer's trim does); ``grad`` (run the pass with grad enabled);
 * ``out``: the folder for the report.
 
 Report ``{out}/rank{R}.json``: ``status`` (patch states), ``outcomes`` (``ok`` or ``refused: …``),
@@ -61,7 +61,7 @@ def main() -> None:
         name, setup = scenario["name"], scenario.get("engine", {})
         config = types.SimpleNamespace(
             forward_only=setup.get("forward_only", False),
-            pipeline_model_parallel_size=1,
+            pipeline_model_parallel_size=setup.get("pipeline", 1),
             dynamic_context_parallel=setup.get("dynamic_context_parallel", False),
             router_replay=types.SimpleNamespace(mode=setup.get("router_replay", "disabled")),
         )

@@ -1,14 +1,16 @@
 """The Megatron engine patch where verl's real Megatron engine cannot take it on this CPU: a stand-in.
 
-``test_real_megatron.py`` runs the real engine (BSHD, the local layer spec, one model per rank). What
-it cannot reach is driven here through the stand-in ``tests/standins/megatron_transformer_impl.py``:
-THD-packed micro-batches (the local spec has no packed attention), a log-prob pass called with grad
-enabled (verl's ``infer_batch`` never is), a batch already trimmed at pipeline parallel size 1, router
-replay (no MoE model here), dynamic context parallelism (needs DPxCP >= 2 with THD), and data-parallel
-ranks of unequal sample counts. The stand-in is first checked against the patch's contract; then
-``tests/support/megatron_standin_child.py``, a fresh interpreter with the shim active, imports it
-under the real module name, so activation, version gate, contract check and patch run as they would
-on the real module, and real msprobe dumps its small torch chunks.
+``test_real_megatron.py`` runs the real engine (BSHD, the local layer spec, one model per rank).
+What it cannot reach is driven here through the stand-in
+``tests/standins/megatron_transformer_impl.py``: THD-packed micro-batches (the local spec has no
+packed attention), a log-prob pass called with grad enabled (verl's ``infer_batch`` never is), a
+batch already trimmed at pipeline parallel size 1, the refusals of router replay (no MoE model
+here), dynamic context parallelism (needs DPxCP >= 2 with THD) and an untrimmed batch under pipeline
+parallelism (on the real engine the refusal stops the job, a two-process run of its own), and
+data-parallel ranks of unequal sample counts. The stand-in is first checked against the patch's contract;
+then ``tests/support/megatron_standin_child.py``, a fresh interpreter with the shim active, imports
+it under the real module name, so activation, version gate, contract check and patch run as they
+would on the real module, and real msprobe dumps its small torch chunks.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ PROMPTS_ONLY_SCENARIOS = [
     {"name": "actor.log_prob_with_grad", "grad": True},
     {"name": "router_replay.log_prob", "engine": {"router_replay": "R2"}},
     {"name": "dynamic_cp.log_prob", "engine": {"dynamic_context_parallel": True}},
+    {"name": "pp2.log_prob", "engine": {"pipeline": 2}},
     {"name": "actor.log_prob_trimmed", "trimmed": True},
 ]
 # Dumps per scenario, in order: a prompt each per sample, a micro-batch each per micro-batch.
@@ -126,10 +129,11 @@ def test_prompts_only_is_refused_where_an_extra_forward_would_disturb_the_engine
     outcomes, forwards = run.reports[0]["outcomes"], run.reports[0]["forwards"]
     assert outcomes["router_replay.log_prob"].startswith("refused: PROMPTS_ONLY=1 with router replay")
     assert outcomes["dynamic_cp.log_prob"].startswith("refused: PROMPTS_ONLY=1 with dynamic context parallelism")
-    for message in (outcomes[name] for name in ("router_replay.log_prob", "dynamic_cp.log_prob")):
+    assert outcomes["pp2.log_prob"].startswith("refused: PROMPTS_ONLY=1 with pipeline parallel size 2")
+    for message in (outcomes[name] for name in ("router_replay.log_prob", "dynamic_cp.log_prob", "pp2.log_prob")):
         assert "PROMPTS_ONLY=trim" in message
     # Refused before any work: no forward ran.
-    assert forwards["router_replay.log_prob"] == forwards["dynamic_cp.log_prob"] == []
+    assert forwards["router_replay.log_prob"] == forwards["dynamic_cp.log_prob"] == forwards["pp2.log_prob"] == []
 
 
 def test_prompts_only_dumps_an_already_trimmed_batch_whole(prompts_only_run) -> None:

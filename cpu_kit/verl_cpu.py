@@ -368,9 +368,14 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
 
 
 def log_probs(engine: Any, data: Any) -> list[torch.Tensor]:
-    """The actor's log-prob pass (``infer_batch`` under ``eval_mode``), one tensor per sample."""
+    """The actor's log-prob pass (``infer_batch`` under ``eval_mode``), one tensor per sample.
+
+    ``[]`` on a Megatron pipeline stage other than the last: its engine returns no output there.
+    """
     with engine.eval_mode():
         output = engine.infer_batch(data)
+    if not output:
+        return []
     return [t.clone() for t in output["model_output"]["log_probs"].unbind()]
 
 
@@ -384,7 +389,11 @@ def response_log_probs(full: Sequence[torch.Tensor], samples: Sequence[Sample]) 
 
 
 def update(engine: Any, data: Any, mini_batch_size: int | None = None) -> dict[str, Any]:
-    """One PPO update on ``data`` (``train_batch`` under ``train_mode``); returns verl's metrics."""
+    """One PPO update on ``data`` (``train_batch`` under ``train_mode``); returns verl's metrics.
+
+    For either engine (FSDP here, Megatron in :mod:`cpu_kit.megatron_cpu`): the loss is configured
+    for the engine's strategy and data-parallel size.
+    """
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
@@ -392,13 +401,16 @@ def update(engine: Any, data: Any, mini_batch_size: int | None = None) -> dict[s
     size = len(data) if mini_batch_size is None else mini_batch_size
     micro = tu.get_non_tensor_data(data, "micro_batch_size_per_gpu", 1)
     actor_config = ActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=size, ppo_micro_batch_size_per_gpu=micro, rollout_n=1
+        strategy=engine.engine_config.strategy,
+        ppo_mini_batch_size=size,
+        ppo_micro_batch_size_per_gpu=micro,
+        rollout_n=1,
     )
     tu.assign_non_tensor(
         data,
         calculate_entropy=False,
         compute_loss=True,
-        global_batch_size=size * dist.get_world_size(),
+        global_batch_size=size * engine.get_data_parallel_size(),
         mini_batch_size=size,
     )
     with engine.train_mode():

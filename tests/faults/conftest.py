@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.verl_runs import EngineRun, run_engine
+from support.verl_runs import MEGATRON_SPEC, EngineRun, run_engine
 
 from cpu_kit import verl_cpu
 
@@ -49,3 +49,15 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, model_dir: str) -> Engine
     run = run_engine(tmp_path_factory.mktemp("baseline"), {**verl_faults.SPEC, "model_dir": model_dir}, dump=False)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
+
+
+@pytest.fixture(params=["fsdp", "megatron"])
+def engine(request: pytest.FixtureRequest) -> verl_faults.Engine:
+    """verl's FSDP2 engine (its cells count for the prompts-only column too) or its Megatron engine; the
+    Megatron baseline is the real tier's (tests/conftest.py), made once for the session."""
+    if request.param == "fsdp":
+        model_dir, baseline = request.getfixturevalue("model_dir"), request.getfixturevalue("baseline")
+        also = (fault_matrix.PROMPTS_ONLY,)
+        return verl_faults.Engine("verl.fsdp_engine", fault_matrix.VERL_FSDP, model_dir, baseline, {}, also)
+    model_dir, baseline = request.getfixturevalue("megatron_model_dir"), request.getfixturevalue("megatron_baseline")
+    return verl_faults.Engine("verl.megatron_engine", fault_matrix.VERL_MEGATRON, model_dir, baseline, MEGATRON_SPEC)

@@ -25,6 +25,7 @@ INJECTED = "injected by the fault suite"  # in every message an injected fault r
 
 # Columns: what a fault is injected into (docs/reliability.md says which run a real engine).
 VERL_FSDP = "verl FSDP engine"
+VERL_MEGATRON = "verl Megatron engine"
 VERL_OTHER = "verl Megatron, legacy actor, profiler guard"
 PROMPTS_ONLY = "prompts-only"
 REQUEST_IDS = "request ids"
@@ -47,15 +48,15 @@ CELLS: dict[str, tuple[str, ...]] = {
     "target drift: extra parameter": DRIFT_TARGETS,
     "target drift: unsupported version": DRIFT_TARGETS,
     "msprobe not importable": (VERL_FSDP, PROMPTS_ONLY),
-    "msprobe start() raises": (VERL_FSDP, PROMPTS_ONLY, VLLM, SGLANG),
-    "msprobe stop() raises": (VERL_FSDP, PROMPTS_ONLY),
-    "msprobe step() raises": (VERL_FSDP, PROMPTS_ONLY),
+    "msprobe start() raises": (VERL_FSDP, VERL_MEGATRON, PROMPTS_ONLY, VLLM, SGLANG),
+    "msprobe stop() raises": (VERL_FSDP, VERL_MEGATRON, PROMPTS_ONLY),
+    "msprobe step() raises": (VERL_FSDP, VERL_MEGATRON, PROMPTS_ONLY),
     "msprobe rejects the config": (VERL_FSDP, PROMPTS_ONLY),
     "our code raises inside the patch": (PROMPTS_ONLY, TRIM, PREFLIGHT, REQUEST_IDS),
     "a prompt-only forward fails on one rank": (PROMPTS_ONLY,),
     "dump root unwritable at start-up": (START_UP,),
     "dump root turns read-only mid-run": (VERL_FSDP,),
-    "disk full (tmpfs)": (VERL_FSDP, VLLM, SGLANG, LOGS),
+    "disk full (tmpfs)": (VERL_FSDP, VERL_MEGATRON, VLLM, SGLANG, LOGS),
     "dump folder removed mid-run": (VERL_FSDP,),
     "double activation": (VERL_FSDP,),
     "fork, spawn and forkserver children": (LOGS,),
@@ -83,8 +84,13 @@ NO_STRICT_FAULTS = {
 
 
 # Not run under STRICT for their cost (an engine start each, ~30 s here): the raise is report_failure's and
-# report_loss's, the code the verl cells run under STRICT.
-NO_STRICT_CELLS = {("msprobe start() raises", VLLM), ("disk full (tmpfs)", VLLM)}
+# report_loss's, the code the verl FSDP cells run under STRICT.
+NO_STRICT_CELLS = {
+    ("msprobe start() raises", VLLM),
+    ("disk full (tmpfs)", VLLM),
+    *((fault, VERL_MEGATRON) for fault in ("msprobe start() raises", "msprobe stop() raises", "msprobe step() raises")),
+    ("disk full (tmpfs)", VERL_MEGATRON),
+}
 
 
 def has_strict(fault: str, target: str) -> bool:

@@ -1,7 +1,8 @@
 """Faults in verl 0.9.1's real FSDP2 engine on CPU: msprobe broken, storage failing, a rank's prompt forward failing.
 
-Every run is ``tests/support/verl_engine_child.py`` (actor log-prob, update, log-prob; 4 samples in
-micro-batches of 2) under the shim, with the fault site
+msprobe broken and the full disk are injected into its real Megatron engine too (the ``engine`` fixture).
+Every run is ``tests/support/verl_engine_child.py`` (FSDP: actor log-prob, update, log-prob; Megatron:
+``verl_runs.MEGATRON_SPEC``'s ops; 4 samples in micro-batches of 2) under the shim, with the fault site
 (``fault_site/sitecustomize.py``, chained by the shim) injecting the fault. Survived means: exit 0,
 every result equal to the run without DUMP_ON, exactly the lines of ours the cell names, every
 log file line-complete JSON. Under ``MSPROBE_HOOKS_STRICT=1`` the same fault must stop the run,
@@ -17,7 +18,7 @@ import pytest
 from support.verl_runs import EngineRun, run_engine, write_config
 
 from . import fault_matrix as fm
-from .verl_faults import BOTH, SPEC, assert_stopped, assert_unchanged, faulted, tmpfs
+from .verl_faults import BOTH, SPEC, Engine, assert_stopped, assert_unchanged, faulted, tmpfs
 
 # --- msprobe broken ----------------------------------------------------------------------------
 
@@ -29,17 +30,20 @@ MSPROBE_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", MSPROBE_FAULTS)
-def test_msprobe_raising_leaves_the_engine_unchanged_with_one_line(fault, tmp_path, model_dir, baseline):
+def test_msprobe_raising_leaves_the_engine_unchanged_with_one_line(fault, tmp_path, engine: Engine):
     inject, message = MSPROBE_FAULTS[fault]
-    with fm.cell(fault, fm.VERL_FSDP, fm.PROMPTS_ONLY) as tally:
-        run = faulted(tmp_path / "default", model_dir, inject, **BOTH)
+    with fm.cell(fault, *engine.targets) as tally:
+        run = faulted(tmp_path / "default", engine.model_dir, inject, engine.spec, **BOTH)
         tally.runs += 1
-        assert_unchanged(run, baseline)
+        assert_unchanged(run, engine.baseline)
         lines = fm.our_lines(run.stderr)
         assert len(lines) == 1 and message in lines[0] and "the host goes on unaffected" in lines[0], lines
+        assert f"patch {engine.patch}:" in lines[0], lines
         fm.check_logs(run.dump_root, tally)
-    with fm.cell(fault, fm.VERL_FSDP, fm.PROMPTS_ONLY, strict=True) as tally:
-        run = faulted(tmp_path / "strict", model_dir, inject, MSPROBE_HOOKS_STRICT="1", **BOTH)
+    if not fm.has_strict(fault, engine.column):  # its STRICT variant is the FSDP engine's (fault_matrix)
+        return
+    with fm.cell(fault, *engine.targets, strict=True) as tally:
+        run = faulted(tmp_path / "strict", engine.model_dir, inject, engine.spec, MSPROBE_HOOKS_STRICT="1", **BOTH)
         tally.runs += 1
         assert_stopped(run, f"RuntimeError: {message}")
         fm.check_logs(run.dump_root, tally)
@@ -76,13 +80,17 @@ def test_a_config_msprobe_rejects_names_the_file_in_one_line(strict, tmp_path, m
 # --- storage -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strict", ["0", "1"])
-def test_a_full_disk_names_the_device_and_the_lost_steps(strict, tmp_path, model_dir, baseline):
+@pytest.mark.parametrize(
+    ("strict", "engine"), [("0", "fsdp"), ("1", "fsdp"), ("0", "megatron")], indirect=["engine"]
+)  # the Megatron engine's STRICT variant is the FSDP engine's (fault_matrix.NO_STRICT_CELLS)
+def test_a_full_disk_names_the_device_and_the_lost_steps(strict, tmp_path, engine: Engine):
+    # 200 kB: less than the first step's dump of either engine (msprobe L1).
     with (
         tmpfs(tmp_path / "full", "200k") as mount,
-        fm.cell("disk full (tmpfs)", fm.VERL_FSDP, strict=strict == "1") as t,
+        fm.cell("disk full (tmpfs)", engine.column, strict=strict == "1") as t,
     ):
-        run = faulted(tmp_path, model_dir, "", MSPROBE_HOOKS_OUTPUT_DIR=str(mount), MSPROBE_HOOKS_STRICT=strict, **BOTH)
+        env = {"MSPROBE_HOOKS_OUTPUT_DIR": str(mount), "MSPROBE_HOOKS_STRICT": strict, **BOTH}
+        run = faulted(tmp_path, engine.model_dir, "", engine.spec, **env)
         t.runs += 1
         cause = f"no space left on the device holding {mount}"
         if strict == "1":
@@ -90,7 +98,7 @@ def test_a_full_disk_names_the_device_and_the_lost_steps(strict, tmp_path, model
             assert len(fm.our_lines(run.stderr, cause)) == 1
             fm.check_logs(mount, t)
             return
-        assert_unchanged(run, baseline)
+        assert_unchanged(run, engine.baseline)
         lines = fm.our_lines(run.stderr)
         # One line when it happens (the cause, the first step lost), one at exit listing what was lost.
         assert len(lines) == 2, lines

@@ -10,9 +10,10 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from support.verl_runs import EngineRun, run_engine, write_config
+from support.verl_runs import RESULT_KEYS, EngineRun, run_engine, write_config
 
 from . import fault_matrix as fm
 
@@ -20,7 +21,22 @@ from . import fault_matrix as fm
 SPEC = {"ops": ["actor.log_prob", "actor.update", "actor.log_prob"], "count": 4, "seed": 0, "micro_batch_size": 2}
 # Both kinds of window in one run: prompt-only forwards in the log-prob passes, micro-batches in the update.
 BOTH = {"DUMP_PHASE": "all", "PROMPTS_ONLY": "1"}
-RESULT_KEYS = ("log_probs", "values", "loss", "grad_norm")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One of verl's real engines as the fault cells run it (the ``engine`` fixture of ``conftest.py``)."""
+
+    patch: str  # the patch that dumps it, named in its lines
+    column: str  # its column of the matrix
+    model_dir: str
+    baseline: EngineRun  # the same ops without DUMP_ON
+    spec: dict  # what its runs change in SPEC
+    also: tuple[str, ...] = ()  # the columns its runs with PROMPTS_ONLY=1 count for too
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (self.column, *self.also)
 
 
 def faulted(

@@ -1,6 +1,7 @@
 """Every built-in patch through :class:`support.patch_case.PatchTestCase`: import/patch/unpatch in every
-order, each ordering a fresh interpreter, against real verl and the vLLM, vLLM-Ascend, SGLang and
-Megatron stand-ins. A new patch in ``msprobe_hooks.patches`` is covered here without a line written.
+order, each ordering a fresh interpreter, against real verl (its Megatron engine module included) and
+the vLLM, vLLM-Ascend and SGLang stand-ins. A new patch in ``msprobe_hooks.patches`` is covered here without
+a line written.
 """
 
 from __future__ import annotations

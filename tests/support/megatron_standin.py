@@ -1,8 +1,9 @@
 """The Megatron engine stand-in (``tests/standins/megatron_transformer_impl.py``) under verl's module name.
 
-Megatron-Core does not run on a CPU, so verl's ``transformer_impl`` for it cannot be imported here;
-the stand-in, checked against the patch's contract, is served for the real name instead, ahead of
-site-packages, so that activation, version gate, contract check and patch run as on verl's module.
+For what verl's real Megatron engine cannot do on this CPU (``test_verl_megatron_standin.py``): the
+stand-in, checked against the patch's contract, is served for the real name, ahead of site-packages
+(which hold the real module too), so that activation, version gate, contract check and patch run as
+on verl's module.
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@ The spec:
 * ``samples``: ``count``/``seed``/``prompt_lens``/``response_lens`` of the global sample set (split over ranks);
 * ``keep``: ``{rank: n}``, that rank keeps only its first n samples;
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
-* ``scenarios``: one pass each, in order: ``name``; ``engine``: ``value_head``, ``forward_only``
-  (the ref engine), ``chunks``, ``pipeline`` (parallel size), ``router_replay`` (mode),
-  ``dynamic_context_parallel``; ``trimmed`` (responses cut off, as the trainer's trim does);
-  ``forward_only`` (a log-prob pass; else an update); ``grad`` (run a log-prob pass with grad
-  enabled); ``middle_stage`` (not the last pipeline stage); ``flags`` (non-tensor batch fields);
+* ``scenarios``: one log-prob pass each, in order: ``name``; ``engine``: ``forward_only`` (the ref
+  engine), ``pipeline`` (parallel size), ``router_replay`` (mode), ``dynamic_context_parallel``;
+  ``trimmed`` (responses cut off, as the trainer's trim does); ``grad`` (run the pass with grad enabled);
 * ``out``: the folder for the report.
 
 Report ``{out}/rank{R}.json``: ``status`` (patch states), ``outcomes`` (``ok`` or ``refused: …``),
@@ -41,10 +39,6 @@ from support.megatron_standin import TARGET  # noqa: E402
 from support.megatron_standin import install as install_standin  # noqa: E402
 
 
-def loss_function(**kwargs):
-    raise AssertionError("the stand-in computes its own loss")
-
-
 def main() -> None:
     rank, world_size = verl_cpu.init_process()
     install_standin()
@@ -71,28 +65,22 @@ def main() -> None:
             dynamic_context_parallel=setup.get("dynamic_context_parallel", False),
             router_replay=types.SimpleNamespace(mode=setup.get("router_replay", "disabled")),
         )
-        chunks = [standin.make_chunk(i) for i in range(setup.get("chunks", 1))]
+        chunk = standin.make_chunk()
         calls = forwards[name] = []
 
         def record(module, inputs, output, calls=calls):
             calls.append([list(inputs[0].shape), torch.is_grad_enabled()])
 
-        for chunk in chunks:
-            chunk.register_forward_hook(record)
-        cls = standin.MegatronEngineWithValueHead if setup.get("value_head") else standin.MegatronEngineWithLMHead
-        engine = cls(config, chunks)
-        batch = verl_cpu.make_batch(trimmed if scenario.get("trimmed") else mine, **scenario.get("flags", {}))
-        forward_only = scenario.get("forward_only", False)
-        standin.mpu.last_stage = not scenario.get("middle_stage", False)
+        chunk.register_forward_hook(record)
+        engine = standin.MegatronEngineWithLMHead(config, [chunk])
+        batch = verl_cpu.make_batch(trimmed if scenario.get("trimmed") else mine)
         try:
-            with torch.enable_grad() if not forward_only or scenario.get("grad") else torch.no_grad():
-                metas = engine.forward_backward_batch(batch, None if forward_only else loss_function, forward_only)
+            with torch.enable_grad() if scenario.get("grad") else torch.no_grad():
+                metas = engine.forward_backward_batch(batch, None, forward_only=True)
             outcomes[name] = "ok"
             outputs[name] = [meta["model_output"].tolist() for meta in metas]
         except DumpRefused as exc:
             outcomes[name] = "refused: " + str(exc)
-        finally:
-            standin.mpu.last_stage = True
 
     report = {
         "rank": rank,

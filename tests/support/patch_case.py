@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from msprobe_hooks import contracts
 from msprobe_hooks.patches import PATCHES
 from msprobe_hooks.patching import APPLIED, SKIPPED, WAITING
 from msprobe_hooks.registry import Patch
-from support import REPO, STANDINS, megatron_standin
+from support import REPO, STANDINS
 from support.interpreter import clean_env
 from support.sglang_standin import FAMILIES as SGLANG_STANDINS
 from support.vllm_standin import SITE as VLLM_STANDINS
@@ -66,12 +66,11 @@ class Site:
     roots: Sequence[Path]  # where the site's module files are
     folders: Callable[[Path], Sequence[Path]] = lambda root: ()  # ahead of site-packages, made under root
     prelude: str = ""  # run before the targets are imported
-    served: Mapping[str, Path] = field(default_factory=dict)  # module -> the stand-in served under its name
     real: bool = False
 
     def has(self, target: str) -> bool:
         places = contracts.module_relpaths(target)
-        return target in self.served or any((root / rel).is_file() for root in self.roots for rel in places)
+        return any((root / rel).is_file() for root in self.roots for rel in places)
 
     def provides(self, patch: Patch) -> bool:
         return patch.distribution in self.versions and (self.real or self.has(patch.target))
@@ -88,13 +87,11 @@ def _vllm_site(vllm: str, vllm_ascend: str) -> Site:
     return Site(f"vllm-{vllm}-standin", {"vllm": vllm, "vllm-ascend": vllm_ascend}, (VLLM_STANDINS,), folders)
 
 
-# verl runs for real (its CPU platform registered first, as on a CPU it must be); Megatron-Core
-# does not run on a CPU, so verl's Megatron engine module is its stand-in, served under verl's name.
+# verl runs for real (its CPU platform registered first, as on a CPU it must be), its Megatron engine
+# module included: megatron-core and mbridge are installed beside it (make install-megatron).
 VERL_PRELUDE = """
 from cpu_kit import verl_cpu
-from support import megatron_standin
 verl_cpu.register_cpu_platform()
-megatron_standin.install()
 """
 SITES = (
     Site(
@@ -102,7 +99,6 @@ SITES = (
         {"verl": metadata.version("verl")},
         (Path(metadata.distribution("verl").locate_file("")),),
         prelude=VERL_PRELUDE,
-        served={megatron_standin.TARGET: megatron_standin.STANDIN},
         real=True,
     ),
     _vllm_site("0.23.0", "0.23.0"),

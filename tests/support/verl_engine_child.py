@@ -1,20 +1,26 @@
-"""Drives verl's real FSDP2 engine on CPU in a child process and prints what it saw as one JSON line.
+"""Drives verl's real FSDP2 or Megatron engine on CPU in a child process and writes what it saw, a JSON file per rank.
 
 Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` (world size 1) or under
 ``torchrun`` (world size 2), with or without the shim and ``DUMP_ON``. The spec:
 
-* ``model_dir``: where ``examples/verl_cpu.build_model_dir`` put the tiny Qwen2;
+* ``model_dir``: where ``cpu_kit.verl_cpu.build_model_dir`` put the tiny Qwen2;
+* ``backend``: ``fsdp`` (default, :mod:`cpu_kit.verl_cpu`) or ``megatron`` (:mod:`cpu_kit.megatron_cpu`),
+  with ``parallel``: ``make_engine``'s ``tensor_parallel``/``pipeline_parallel``/``virtual_pipeline``;
 * ``ops``: a list of ``"actor.log_prob"``, ``"actor.update"``, ``"ref.log_prob"``, ``"critic.values"``;
-* ``count``/``seed``/``prompt_lens``/``response_lens``: the global sample set (split over ranks);
+* ``count``/``seed``/``prompt_lens``/``response_lens``: the global sample set (split over data-parallel ranks);
 * ``micro_batch_size``; ``max_token_len`` (use_dynamic_bsz=True with that token budget);
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
+* ``trimmed``: the log-prob passes' batches cut to their prompts by the library's own v1 trim
+  (``prompts_only.trim_jagged``, what the trainer runs before old_log_prob in trim mode); updates keep theirs;
 * ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
 * ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
-* ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob``;
+* ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob`` (Megatron: ``[b, s, v]``);
 * ``out``: the folder for the report.
 
 Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits"}``
-(a file per rank: verl prints to stdout too, and two ranks would interleave).
+(a file per rank: verl prints to stdout too, and two ranks would interleave). On a Megatron pipeline
+stage other than the last, ``log_probs`` and ``values`` are ``[]`` and ``loss`` None: its engine returns
+no output there.
 """
 
 from __future__ import annotations
@@ -37,20 +43,37 @@ if SPEC.get("fail_msprobe_start"):
 
 # Run as a file: the repository root (cpu_kit) goes on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from cpu_kit import verl_cpu  # noqa: E402
+from cpu_kit import megatron_cpu, verl_cpu  # noqa: E402
+
+MEGATRON = SPEC.get("backend") == "megatron"
+KIT = megatron_cpu if MEGATRON else verl_cpu
+
+
+def root_module(engine):
+    """The module whose forward takes ``input_ids``: the HF model (FSDP), the GPTModel of the rank's first
+    model chunk (Megatron)."""
+    if not MEGATRON:
+        return engine.module
+    from verl.utils.megatron_utils import unwrap_model
+
+    return unwrap_model(engine.module[0])
+
+
+def make_engine(role: str, micro: int):
+    parallel = SPEC.get("parallel", {}) if MEGATRON else {}
+    return KIT.make_engine(
+        SPEC["model_dir"], forward_only=role == "ref", value_head=role == "critic", micro_batch_size=micro, **parallel
+    )
 
 
 def main() -> None:
-    rank, world_size = verl_cpu.init_process()
+    rank, world_size = KIT.init_process()
     samples = verl_cpu.random_samples(
         SPEC.get("count", 4),
         SPEC.get("seed", 0),
         prompt_lens=SPEC.get("prompt_lens", (5, 7, 4, 6)),
         response_lens=SPEC.get("response_lens", (3, 4)),
     )
-    mine = verl_cpu.shard(samples, rank, world_size)
-    if SPEC.get("padding_on_rank") == rank:
-        mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
     micro = SPEC.get("micro_batch_size", 2)
     flags = {}
     if "max_token_len" in SPEC:
@@ -60,9 +83,7 @@ def main() -> None:
 
     def engine(role: str):
         if role not in engines:
-            engines[role] = verl_cpu.make_engine(
-                SPEC["model_dir"], forward_only=role == "ref", value_head=role == "critic", micro_batch_size=micro
-            )
+            engines[role] = make_engine(role, micro)
         return engines[role]
 
     logits: list[list] = []
@@ -70,25 +91,35 @@ def main() -> None:
     for op in SPEC["ops"]:
         role, action = op.split(".")
         eng = engine(role)
+        # Tensor-parallel ranks share their samples: the split is over data-parallel ranks.
+        mine = verl_cpu.shard(samples, eng.get_data_parallel_rank(), eng.get_data_parallel_size())
+        if SPEC.get("padding_on_rank") == rank:
+            mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
         calls: list[int] = []  # tokens of each root-module forward
         capture = SPEC.get("capture_logits") and op == "actor.log_prob"
 
         def hook(module, args, kwargs, output, calls=calls, capture=capture):
             calls.append(int(kwargs["input_ids"].shape[-1]))
-            if capture:
-                logits.append(output.logits.detach()[0].tolist())
+            if capture:  # FSDP packs the micro-batch into one row; Megatron's BSHD keeps a row per sample
+                value = getattr(output, "logits", output).detach().float()
+                logits.append((value if MEGATRON else value[0]).tolist())
 
-        handle = eng.module.register_forward_hook(hook, with_kwargs=True)
+        handle = root_module(eng).register_forward_hook(hook, with_kwargs=True)
         batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
+        if SPEC.get("trimmed") and action == "log_prob":
+            from msprobe_hooks.training import prompts_only
+
+            batch.update(prompts_only.trim_jagged(batch))
         if action == "log_prob":
-            result = {"log_probs": [t.tolist() for t in verl_cpu.log_probs(eng, batch)]}
+            result = {"log_probs": [t.tolist() for t in KIT.log_probs(eng, batch)]}
         elif action == "values":
             with eng.eval_mode():
-                values = eng.infer_batch(batch)["model_output"]["values"]
-            result = {"values": [t.tolist() for t in values.unbind()]}
+                output = eng.infer_batch(batch)
+            result = {"values": [t.tolist() for t in output["model_output"]["values"].unbind()] if output else []}
         else:
-            output = verl_cpu.update(eng, batch)
-            result = {"loss": output["loss"], "grad_norm": output["metrics"]["grad_norm"]}
+            output = KIT.update(eng, batch)
+            # Only the last pipeline stage has outputs; of its tensor-parallel ranks, only the first a grad norm.
+            result = {"loss": output.get("loss"), "grad_norm": output.get("metrics", {}).get("grad_norm")}
         handle.remove()
         result.update(op=op, forward_tokens=calls)
         results.append(result)

@@ -1,8 +1,8 @@
-"""Running ``tests/support/verl_engine_child.py`` (verl's real FSDP2 engine on CPU) and reading what it left.
+"""Running ``tests/support/verl_engine_child.py`` (verl's real FSDP2 or Megatron engine on CPU), reading its output.
 
-Shared by the engine tests (and by the Megatron stand-in's, with its own child); one child
-process per configuration, at world size 1 or under torchrun at world size 2, with the shim on
-PYTHONPATH so activation happens as in a user's job.
+Shared by the engine tests, the fault suite (and by the Megatron stand-in's, with its own child);
+one child process per configuration, at world size 1 or under torchrun at world size 2, with the
+shim on PYTHONPATH so activation happens as in a user's job.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpu_kit import verl_cpu
+from msprobe_hooks import join_keys
 from support.interpreter import shim_env
 
 CHILD = Path(__file__).resolve().parent / "verl_engine_child.py"
@@ -23,6 +25,12 @@ CHILD = Path(__file__).resolve().parent / "verl_engine_child.py"
 HANG_LIMIT_S = 300
 
 OPS = ["actor.log_prob", "ref.log_prob", "critic.values", "actor.update", "actor.log_prob"]
+# Every engine test's samples: 4, in micro-batches of 2 (verl_cpu.random_samples(4, 0)).
+SPEC = {"ops": OPS, "count": 4, "seed": 0, "micro_batch_size": 2}
+SAMPLES = verl_cpu.random_samples(4, 0)
+# verl's real Megatron engine (cpu_kit.megatron_cpu) on the same samples.
+MEGATRON_SPEC = {**SPEC, "backend": "megatron"}
+RESULT_KEYS = ("log_probs", "values", "loss", "grad_norm")
 
 
 def _free_port() -> int:
@@ -114,3 +122,30 @@ def write_config(path: Path, **settings: object) -> str:
     config.update(settings)
     path.write_text(json.dumps(config))
     return os.fspath(path)
+
+
+def assert_same_outputs(run: EngineRun, baseline: EngineRun, indices: range, rank: int = 0) -> None:
+    """The results of ops ``indices`` equal the baseline's exactly (log-probs, values, loss, grad norm)."""
+    for i in indices:
+        got, want = run.results(rank)[i], baseline.results(rank)[i]
+        for key in RESULT_KEYS:
+            assert got.get(key) == want.get(key), f"rank {rank}: {got['op']} {key} differs with DUMP_ON=1"
+
+
+def expected_sample(index: int, samples: list[verl_cpu.Sample] = SAMPLES) -> dict:
+    """What the training log must say of ``samples[index]`` (all but its position in the micro-batch)."""
+    sample = samples[index]
+    return {
+        "uid": sample.uid,
+        "session_id": sample.session_id,
+        "request_id": sample.request_id,
+        "request_ids": [sample.request_id],
+        "prompt_len": len(sample.prompt),
+        "prompt_hash": join_keys.prompt_hash(sample.prompt),
+        "seq_len": len(sample.prompt) + len(sample.response),
+    }
+
+
+def sample_fields(line: dict) -> list[dict]:
+    """A log line's samples without their position in the micro-batch."""
+    return [{k: v for k, v in s.items() if k != "index"} for s in line["samples"]]

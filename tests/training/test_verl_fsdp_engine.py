@@ -14,15 +14,21 @@ from pathlib import Path
 import pytest
 from support import REPO
 from support.interpreter import run_python, shim_env
-from support.verl_runs import OPS, EngineRun, run_engine, write_config
+from support.verl_runs import (
+    OPS,
+    SAMPLES,
+    SPEC,
+    EngineRun,
+    assert_same_outputs,
+    expected_sample,
+    run_engine,
+    sample_fields,
+    write_config,
+)
 
 from cpu_kit import verl_cpu
-from msprobe_hooks import join_keys
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
-
-SPEC = {"ops": OPS, "count": 4, "seed": 0, "micro_batch_size": 2}
-SAMPLES = verl_cpu.random_samples(4, 0)
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +72,6 @@ def _result(run: EngineRun, index: int) -> dict:
     return run.results()[index]
 
 
-def _assert_same_outputs(run: EngineRun, baseline: EngineRun, indices: range) -> None:
-    for i in indices:
-        got, want = _result(run, i), _result(baseline, i)
-        for key in ("log_probs", "values", "loss", "grad_norm"):
-            assert got.get(key) == want.get(key), f"{got['op']} {key} differs with DUMP_ON=1"
-
-
-def _expected_sample(index: int) -> dict:
-    sample = SAMPLES[index]
-    return {
-        "uid": sample.uid,
-        "session_id": sample.session_id,
-        "request_id": sample.request_id,
-        "request_ids": [sample.request_id],
-        "prompt_len": len(sample.prompt),
-        "prompt_hash": join_keys.prompt_hash(sample.prompt),
-        "seq_len": len(sample.prompt) + len(sample.response),
-    }
-
-
-def _sample_fields(line: dict) -> list[dict]:
-    return [{k: v for k, v in s.items() if k != "index"} for s in line["samples"]]
-
-
 def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -> None:
     run, baseline = runs("log_prob"), runs("baseline")
     lines = run.log_lines()
@@ -101,16 +83,16 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -
     assert [line["step"] for line in lines] == run.steps() == [0, 1, 2, 3]
     first = lines[0]
     assert first["source"] == "update_actor" and first["rank"] == 0 and first["global_step"] == 1
-    assert _sample_fields(first) == [_expected_sample(0), _expected_sample(1)]
+    assert sample_fields(first) == [expected_sample(0), expected_sample(1)]
     assert first["request_ids"] == [SAMPLES[0].request_id, SAMPLES[1].request_id] and first["num_requests"] == 2
-    assert _sample_fields(lines[1]) == [_expected_sample(2), _expected_sample(3)]
+    assert sample_fields(lines[1]) == [expected_sample(2), expected_sample(3)]
     # Each dump holds its micro-batch: both samples packed into one sequence.
     packed = len(SAMPLES[0].prompt + SAMPLES[0].response + SAMPLES[1].prompt + SAMPLES[1].response)
     embedding = run.dump(0)["Module.model.embed_tokens.FSDPEmbedding.forward.0"]
     assert embedding["input_args"][0]["shape"] == [1, packed]
     assert not any("backward" in name for name in run.dump(0))
     # Log-prob dumps only: every output of every engine, the update included, is bit-identical.
-    _assert_same_outputs(run, baseline, range(len(OPS)))
+    assert_same_outputs(run, baseline, range(len(OPS)))
 
 
 def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_filter(runs) -> None:
@@ -120,12 +102,12 @@ def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_f
     lines = run.log_lines()
     assert [(line["step"], line["phase"], line["micro_batch"]) for line in lines] == [(1, "update_actor", 1)]
     assert run.steps() == [1]
-    assert _sample_fields(lines[0]) == [_expected_sample(2), _expected_sample(3)]
+    assert sample_fields(lines[0]) == [expected_sample(2), expected_sample(3)]
     names = list(run.dump(1))
     assert any(name.endswith(".backward") for name in names), "the update dump lacks its backward"
     assert names.index(next(n for n in names if n.endswith(".backward"))) > 0
     # L1 adds no module backward hooks: the update, and everything after it, is bit-identical.
-    _assert_same_outputs(run, baseline, range(len(OPS)))
+    assert_same_outputs(run, baseline, range(len(OPS)))
 
 
 def test_all_phases_with_the_default_mix_config(runs) -> None:
@@ -145,7 +127,7 @@ def test_all_phases_with_the_default_mix_config(runs) -> None:
         assert "Module.model.embed_tokens.FSDPEmbedding.backward.0" in backward
     assert not any(".backward" in name for name in run.dump(4))
     # Before the first dumped backward everything is bit-identical ...
-    _assert_same_outputs(run, baseline, range(3))
+    assert_same_outputs(run, baseline, range(3))
     # ... after it, msprobe's mix-level module backward hooks shift the update by ~1e-6 relative
     # (msprobe's own effect, also without this library), so compare with a tolerance.
     for i in (3, 4):
@@ -170,7 +152,7 @@ def test_prompts_only_dumps_each_prompt_alone_and_changes_no_output(runs) -> Non
     assert [line["dump"] for line in update] == ["micro_batch", "micro_batch"]
     for n, line in enumerate(log_prob):
         index = n % 4
-        assert _sample_fields(line) == [_expected_sample(index)]
+        assert sample_fields(line) == [expected_sample(index)]
         assert line["request_ids"] == [SAMPLES[index].request_id] and line["num_requests"] == 1
         prompt_len = len(SAMPLES[index].prompt)
         dump = run.dump(line["step"])
@@ -198,7 +180,7 @@ def test_prompts_only_dumps_each_prompt_alone_and_changes_no_output(runs) -> Non
         )
         assert len(prompt_rows[i]) == len(SAMPLES[i].prompt) and diff <= 1e-5 and math.isfinite(diff)
     # Loss and log-probs are identical to PROMPTS_ONLY=0 with the same dumps of the update.
-    _assert_same_outputs(run, reference, range(len(OPS)))
+    assert_same_outputs(run, reference, range(len(OPS)))
 
 
 def test_without_msprobe_the_first_due_dump_fails_clearly(tmp_path: Path, model_dir: str) -> None:
@@ -215,7 +197,7 @@ def test_when_msprobe_start_fails_the_engine_runs_unchanged_with_one_line(tmp_pa
     spec = {**SPEC, "model_dir": model_dir, "fail_msprobe_start": True}
     run = run_engine(tmp_path, spec, DUMP_PHASE="all", PROMPTS_ONLY="1")
     assert run.returncode == 0, run.stderr[-3000:]
-    _assert_same_outputs(run, runs("baseline"), range(len(OPS)))
+    assert_same_outputs(run, runs("baseline"), range(len(OPS)))
     reports = [line for line in run.stderr.splitlines() if "the host goes on unaffected" in line]
     assert len(reports) == 1, run.stderr[-3000:]
     assert "patch verl.fsdp_engine: starting an msprobe step failed" in reports[0]

@@ -127,10 +127,11 @@ class NameMap:
         return self._found[key]
 
     def _search(self, path: str, cls: str) -> tuple[Rule, int | None, int | None] | None:
+        path = path or cls  # a model's root module: its class stands for its (empty) path
         candidates = self._by_last.get(path.rsplit(".", 1)[-1], []) + self._by_last.get("*", [])
-        # The longest pattern first, a rule naming classes before one that does not, then table order
-        # (a user's rules come first): sorted() is stable.
-        for pattern in sorted(candidates, key=lambda p: (-p.segments, not p.rule.classes)):
+        # A rule naming classes first (Megatron's IdentityOp where a q_layernorm would be), then the longest
+        # pattern, then table order (a user's rules come first): sorted() is stable.
+        for pattern in sorted(candidates, key=lambda p: (not p.rule.classes, -p.segments)):
             if pattern.rule.classes and cls not in pattern.rule.classes:
                 continue
             match = pattern.regex.search(path)

@@ -157,7 +157,7 @@ def _verdict(work: Path, out: Path) -> None:
     _copy_tree(run_training(work / "train", model, prompts, stats), out / "verdict" / "actor")
     for name, dtype, weight, factor in VERDICT_CASES:
         weights = _perturb(model, work / name, weight, factor) if weight else model
-        _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name)
+        _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
 
 
 SETS = {"namings": _namings, "verdict": _verdict}

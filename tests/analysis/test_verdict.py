@@ -35,7 +35,7 @@ CASES = {
     "bf16-up_proj-1.03": (UP, "misplaces"),
     "bf16-up_proj-1.05": (UP, "agrees"),
     "bf16-down_proj-1.02": (DOWN, "misses"),  # 2 % against bf16 noise of ~0.7 %
-    "bf16-q_proj-1.05": (QKV, "agrees"),
+    "bf16-q_proj-1.05": (QKV, "misses"),  # one pair of four stays under 2e-2
 }
 
 
@@ -43,7 +43,7 @@ def compare(tmp_path: Path, case: str) -> pandas.DataFrame:
     found, report = tmp_path / "pairs.jsonl", tmp_path / "report"
     assert main(["align", str(VERDICT / "actor"), str(VERDICT / case / "generate"), "-o", str(found)]) == 0
     assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
-    return pandas.read_csv(report / "pairs.csv")
+    return pandas.read_csv(report / "pairs.csv", keep_default_na=False)  # blanks as ""
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -51,8 +51,8 @@ def test_the_step_rule_names_the_planted_module_and_nothing_on_the_same_weights(
     expected, threshold = CASES[case]
     results = compare(tmp_path, case)
     assert len(results) == 4
-    named = (results["first_module"].fillna("") + " " + results["first_io"].fillna("")).str.strip()
-    by_threshold = (results["threshold_module"].fillna("") + " " + results["threshold_io"].fillna("")).str.strip()
+    named = (results["first_module"] + " " + results["first_io"]).str.strip()
+    by_threshold = (results["threshold_module"] + " " + results["threshold_io"]).str.strip()
     if expected is None:
         assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 4
         assert set(by_threshold) == {""}

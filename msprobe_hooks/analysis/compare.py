@@ -171,33 +171,25 @@ def _shape_text(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape))
 
 
-def _joined(train: Side, generate: Side) -> Any:
-    """Both sides' keys, outer-joined, in the training model's order (inference-only keys after it)."""
-    import pandas
-
-    def side(tensors: dict[tuple[str, str, int], SideTensor], column: str) -> Any:
-        return pandas.DataFrame({"key": list(tensors), column: list(tensors.values())}, dtype=object)
-
-    joined = side(train.tensors, "train").merge(side(generate.tensors, "generate"), on="key", how="outer")
+def _joined(train: Side, generate: Side) -> tuple[list[tuple[Any, ...]], int]:
+    """Both sides' keys (an outer join of two dicts: no DataFrame needed), in the training model's order,
+    inference-only keys after it: ``(key, train tensor or None, inference tensor or None, order)``."""
     end = 2 * (max((t.order for t in train.tensors.values()), default=0) + 1)
-    joined["order"] = [
-        t.order if isinstance(t, SideTensor) else end + g.order
-        for t, g in zip(joined["train"], joined["generate"], strict=True)
-    ]
-    joined = joined.sort_values(["order", "key"], kind="stable")
-    return joined, end
+
+    def order(key: tuple[str, str, int]) -> int:
+        held = train.tensors.get(key)
+        return held.order if held is not None else end + generate.tensors[key].order
+
+    keys = [*train.tensors, *(k for k in generate.tensors if k not in train.tensors)]
+    ordered = sorted(keys, key=lambda k: (order(k), k))
+    return [(k, train.tensors.get(k), generate.tensors.get(k), order(k)) for k in ordered], end
 
 
 def compare_sides(train: Side, generate: Side, threshold: float, table: names.NameMap) -> list[ModuleRow]:
     """One row per tensor of either side, in the training model's order (inference-only rows last)."""
     rows: list[ModuleRow] = []
     joined, end = _joined(train, generate)
-    for (module, io, call), t_held, g_held, order in joined[["key", "train", "generate", "order"]].itertuples(
-        index=False
-    ):
-        order = int(order)
-        t_held = t_held if isinstance(t_held, SideTensor) else None
-        g_held = g_held if isinstance(g_held, SideTensor) else None
+    for (module, io, call), t_held, g_held, order in joined:
         row = ModuleRow(
             order=order,
             module=module if call == 0 else f"{module}#{call}",

@@ -1,91 +1,102 @@
-"""The report's figures (matplotlib, PNG): error against depth per pair, error by decode token and layer.
+"""The report's figures (matplotlib, PNG): error against depth per pair, error by decode token and layer,
+the run by global step; drawn by a :class:`Painter`.
 
-PNG keeps ``summary.md`` readable anywhere; ``index.html`` embeds them (base64), so the page opens offline.
+PNG keeps ``summary.md`` readable anywhere (``index.html`` has the interactive versions of
+:mod:`.interactive`). The figures read the result types, not a DataFrame, so the painter's process
+needs matplotlib alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from msprobe_hooks.analysis.results import PairResult, Status, Verdict
+from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import SampleCause
 
 FLOOR = 1e-12  # exact zeros on a log axis
+MOST_SAMPLES = 6  # panels of the decode heatmap: the samples with the largest gaps
 
 
-def _pyplot() -> Any:
-    import matplotlib
+def _figure(**kwargs: Any) -> Any:
+    """A figure without pyplot (no GUI backend, no global state): the Agg canvas writes the PNG."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    return pyplot
+    return Figure(dpi=100, **kwargs)
 
 
-def plot(rows: Any, results: Sequence[PairResult], threshold: float, path: str) -> None:
+def _compared(rows: Sequence[ModuleRow]) -> list[ModuleRow]:
+    return sorted((r for r in rows if r.status is Status.COMPARED), key=lambda r: (r.pair, r.order))
+
+
+def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: float, path: str) -> None:
     """Error against depth (model order), one line per pair, each pair's first divergence marked."""
-    pyplot = _pyplot()
-    compared = rows[rows["status"] == Status.COMPARED.value]
-    positions = {order: x for x, order in enumerate(sorted(compared["order"].unique()))}
-    figure, axes = pyplot.subplots(figsize=(10, 4.5), dpi=100)
-    floor = FLOOR
+    compared = _compared(rows)
+    positions = {order: x for x, order in enumerate(sorted({r.order for r in compared}))}
+    figure = _figure(figsize=(10, 4.5))
+    axes = figure.subplots()
     for result in sorted(results, key=lambda r: r.pair):
-        mine = compared[compared["pair"] == result.pair].sort_values("order")
-        if mine.empty:
+        mine = [r for r in compared if r.pair == result.pair]
+        if not mine:
             continue
-        xs = [positions[o] for o in mine["order"]]
-        ys = [max(float(e), floor) for e in mine["error"]]
+        xs = [positions[r.order] for r in mine]
+        ys = [max(float(r.error), FLOOR) for r in mine]  # type: ignore[arg-type]
         (line,) = axes.plot(xs, ys, linewidth=1, label=f"pair {result.pair} ({result.key})")
         if result.verdict is Verdict.DIVERGES:
-            x, y = positions[result.first_order], max(float(result.first_error), floor)
+            x, y = positions[result.first_order], max(float(result.first_error), FLOOR)
             axes.plot([x], [y], marker="o", markersize=9, color=line.get_color(), markeredgecolor="red")
             axes.annotate(f"{result.first_module} {result.first_io}", (x, y), textcoords="offset points",
                           xytext=(6, 6), fontsize=8, color="red")  # fmt: skip
     axes.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
     ticks: dict[str, int] = {}
-    for order, layer, module in compared.sort_values("order")[["order", "layer", "module"]].itertuples(index=False):
-        if layer is not None and not math.isnan(layer):
-            ticks.setdefault(f"L{int(layer)}", positions[order])
+    for r in sorted(compared, key=lambda r: r.order):
+        if r.layer is not None:
+            ticks.setdefault(f"L{r.layer}", positions[r.order])
         elif ticks:  # after the layers (the final norm); the embedding sits at the axis' start, unlabelled
-            ticks.setdefault(module, positions[order])
+            ticks.setdefault(r.module, positions[r.order])
     axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
     axes.set_yscale("log")
     axes.set_xlabel("module (model order; ticks at each decoder layer's first compared tensor)")
-    axes.set_ylabel(f"relative error (0 drawn at {floor:g})")
+    axes.set_ylabel(f"relative error (0 drawn at {FLOOR:g})")
     axes.set_title("training forward vs inference prefill: error by depth")
     if len(results) <= 12:
         axes.legend(fontsize=8, loc="upper left")
     axes.grid(True, which="major", alpha=0.3)
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.92)  # fixed: tight_layout costs 0.1-0.3 s
     figure.savefig(path)
-    pyplot.close(figure)
 
 
-def decode_heatmap(rows: Any, samples: Sequence[SampleCause], path: str, most: int = 6) -> bool:
-    """Error by decode token (x) and decoder layer (y), one panel per sample (the ``most`` largest gaps):
-    the largest error among a layer's compared tensors, log scale. False when no decode pair compared."""
+def decode_samples(samples: Sequence[SampleCause]) -> list[SampleCause]:
+    """The samples the decode heatmap shows: those with a compared decode pair, the largest gaps first."""
+    return [s for s in samples if any(r.compared for r in s.decode)][:MOST_SAMPLES]
+
+
+def decode_heatmap(rows: Sequence[ModuleRow], samples: Sequence[SampleCause], path: str) -> None:
+    """Error by decode token (x) and decoder layer (y), one panel per sample of :func:`decode_samples`: the
+    largest error among a layer's compared tensors, log scale."""
     import numpy
 
-    shown = [s for s in samples if any(r.compared for r in s.decode)][:most]
-    if not shown:
-        return False
-    pyplot = _pyplot()
-    compared = rows[(rows["status"] == Status.COMPARED.value) & rows["layer"].notna()]
-    figure, axes = pyplot.subplots(1, len(shown), figsize=(3.2 * len(shown) + 1, 3.6), dpi=100, squeeze=False)
+    shown = decode_samples(samples)
+    compared = [r for r in _compared(rows) if r.layer is not None]
+    largest: dict[tuple[int, int], float] = {}  # (pair, layer) -> its largest error
+    for r in compared:
+        largest[r.pair, r.layer] = max(largest.get((r.pair, r.layer), 0.0), float(r.error))  # type: ignore[index,arg-type]
+    top = max(max(largest.values(), default=1e-6), 1e-6)
+    figure = _figure(figsize=(3.2 * len(shown) + 1, 3.6))
+    axes = figure.subplots(1, len(shown), squeeze=False)
     image = None
-    top = max(float(compared["error"].max()), 1e-6) if not compared.empty else 1.0
     for ax, sample in zip(axes[0], shown, strict=True):
         pairs = [r for r in sample.decode if r.compared]
-        layers = sorted({int(x) for x in compared[compared["pair"].isin([r.pair for r in pairs])]["layer"]})
+        layers = sorted({layer for pair, layer in largest if pair in {r.pair for r in pairs}})
         grid = numpy.full((len(layers) or 1, len(pairs)), numpy.nan)
         for x, r in enumerate(pairs):
-            mine = compared[compared["pair"] == r.pair].groupby("layer")["error"].max()
             for y, layer in enumerate(layers):
-                if layer in mine.index:
-                    grid[y, x] = max(float(mine[layer]), FLOOR)
+                if (r.pair, layer) in largest:
+                    grid[y, x] = max(largest[r.pair, layer], FLOOR)
         image = ax.imshow(numpy.log10(grid), aspect="auto", origin="lower", cmap="magma", vmin=-8, vmax=math.log10(top))
         ax.set_xticks(range(len(pairs)), [str(r.token_index) for r in pairs], fontsize=7)
         ax.set_yticks(range(len(layers)), [f"L{layer}" for layer in layers], fontsize=7)
@@ -98,8 +109,6 @@ def decode_heatmap(rows: Any, samples: Sequence[SampleCause], path: str, most: i
         figure.colorbar(image, ax=axes[0].tolist(), label="log10 relative error", shrink=0.8)
     figure.suptitle("decode tokens: largest error per layer (dot: the first divergence)", fontsize=9)
     figure.savefig(path)
-    pyplot.close(figure)
-    return True
 
 
 def run_heatmap(views: Sequence[StepView], path: str) -> None:
@@ -107,15 +116,14 @@ def run_heatmap(views: Sequence[StepView], path: str) -> None:
     marked; the token gap per step below it."""
     import numpy
 
-    pyplot = _pyplot()
     layers = sorted({layer for v in views for layer in v.layer_errors})
     grid = numpy.full((len(layers) or 1, len(views)), numpy.nan)
     for x, view in enumerate(views):
         for y, layer in enumerate(layers):
             if layer in view.layer_errors:
                 grid[y, x] = math.log10(max(view.layer_errors[layer], FLOOR))
-    figure, (top, bottom) = pyplot.subplots(2, 1, figsize=(max(6, 0.5 * len(views) + 3), 5.5), dpi=100, sharex=True,
-                                            gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+    figure = _figure(figsize=(max(6, 0.5 * len(views) + 3), 5.5))
+    top, bottom = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     image = top.imshow(
         grid,
         aspect="auto",
@@ -140,6 +148,39 @@ def run_heatmap(views: Sequence[StepView], path: str) -> None:
     bottom.set_ylabel("token gap", fontsize=8)
     bottom.set_xticks(range(len(views)), [str(v.global_step) for v in views], fontsize=7)
     bottom.set_xlabel("global step")
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.1, right=0.97, bottom=0.1, top=0.93, hspace=0.15)
     figure.savefig(path)
-    pyplot.close(figure)
+
+
+def _import_matplotlib() -> None:
+    from matplotlib.backends import backend_agg  # noqa: F401  (the PNG writer)
+    from matplotlib.figure import Figure  # noqa: F401
+
+
+class Painter:
+    """Draws the figures, in a second process when asked: forked before anything heavy is imported, it
+    imports matplotlib (the largest part of ``compare``'s fixed cost) while this process compares the
+    pairs, then draws while this one writes the tables. :meth:`finish` waits and raises what a drawing raised."""
+
+    def __init__(self, separate_process: bool) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._drawing: list[Future[None]] = []
+        if separate_process:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            self._drawing.append(self._pool.submit(_import_matplotlib))
+
+    def draw(self, figure: Callable[..., None], *args: Any) -> None:
+        if self._pool is None:
+            figure(*args)
+        else:
+            self._drawing.append(self._pool.submit(figure, *args))
+
+    def finish(self) -> None:
+        try:
+            for drawing in self._drawing:
+                drawing.result()
+        finally:
+            self._drawing.clear()
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None

@@ -14,13 +14,17 @@ from msprobe_hooks.analysis.pairs import Pair
 from msprobe_hooks.analysis.results import ModuleRow, PairResult
 
 Outcome = tuple[PairResult, list[ModuleRow]]
+# A worker process pays for itself from about this many pairs (its start-up and the rows' pickling cost
+# about what comparing a few small pairs in this process does: benchmarks/bench_compare.py).
+PAIRS_PER_PROCESS = 4
 
 
 def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str | None = None) -> Iterator[Outcome]:
-    """Every pair compared by ``jobs`` processes (in this one for a single pair or job: a pool costs more)."""
+    """Every pair compared by up to ``jobs`` processes, one per :data:`PAIRS_PER_PROCESS` pairs (in this one
+    for fewer: a pool would cost more than it saves)."""
     from tqdm import tqdm
 
-    workers = max(1, min(jobs, len(pairs)))
+    workers = max(1, min(jobs, len(pairs) // PAIRS_PER_PROCESS))
     if workers == 1:
         for i, pair in enumerate(tqdm(pairs, unit="pair", disable=None)):
             yield compare_pair(i, pair, threshold, mapping)

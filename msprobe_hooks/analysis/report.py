@@ -2,8 +2,9 @@
 
 With decode pairs or log-prob gaps, also the symptom -> cause section: ``samples.csv`` (per sample its
 gap, its first divergence at prefill and at the decode tokens, on which path) and
-``decode_by_token.png``. ``index.html`` opens offline: the figures are embedded (base64), the tables
-are inline, nothing is fetched from the network.
+``decode_by_token.png``; with several global steps, the run section (``steps.csv``, ``run_by_step.png``).
+``index.html`` opens offline: its figures are interactive (:mod:`.interactive`, plotly's bundle inlined),
+the tables are inline, nothing is fetched from the network.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from msprobe_hooks.analysis import interactive, run_view
 from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import decode_heatmap, plot, run_heatmap
+from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -192,24 +193,26 @@ def _table_html(frame: Any) -> str:
     return frame.dropna(axis=1, how="all").to_html(index=False, na_rep="", float_format=_float)
 
 
-def write(folder: str, found: Answer, threshold: float) -> str:
-    """Write the report files into ``folder``; returns the path of ``index.html``."""
+def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> str:
+    """Write the report files into ``folder`` (the PNGs by ``painter``, by default in this process); returns the
+    path of ``index.html``."""
+    painter = painter or Painter(separate_process=False)
     os.makedirs(folder, exist_ok=True)
     results = found.results
     table, pair_table = tables(results, found.rows)
     table.to_csv(os.path.join(folder, "modules.csv"), index=False)
     pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
-    plot(table, results, threshold, os.path.join(folder, PLOT))
+    painter.draw(depth, found.rows, results, threshold, os.path.join(folder, PLOT))
     figures = [("plot", interactive.depth(table, results, threshold))]
     sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
     if found.samples:
         decode_figure = interactive.decode(table, found.samples)
         if decode_figure is not None:
             figures.append(("decode", decode_figure))
-        sections.append(_symptom_section(folder, table, found.samples))
+        sections.append(_symptom_section(folder, found, painter))
     if found.steps:
         figures.append(("run", interactive.run(found.steps)))
-        sections.append(_run_section(folder, found.steps))
+        sections.append(_run_section(folder, found.steps, painter))
     fragments = interactive.fragments(figures)
 
     headline = overall(results, threshold)
@@ -243,6 +246,7 @@ def write(folder: str, found: Answer, threshold: float) -> str:
             f"<code>{html.escape(r.generate_dump)}</code></p>{body}"
             "</details>"
         )
+    painter.finish()  # the PNGs are on disk before the page links them
     written = [f for f in REPORT_FILES if os.path.exists(os.path.join(folder, f))]
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>msprobe-hooks compare</title>
@@ -272,11 +276,14 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
 
 
-def _symptom_section(folder: str, table: Any, samples: Sequence[SampleCause]) -> tuple[str, tuple[str, str]]:
-    """``samples.csv`` and its PNG written; the section's Markdown, and its HTML (figure ``decode``)."""
+def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str, tuple[str, str]]:
+    """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
+    samples = found.samples
     frame = sample_table(samples)
     frame.to_csv(os.path.join(folder, SAMPLES), index=False)
-    figure = decode_heatmap(table, samples, os.path.join(folder, DECODE_PLOT))
+    figure = bool(decode_samples(samples))
+    if figure:
+        painter.draw(decode_heatmap, found.rows, samples, os.path.join(folder, DECODE_PLOT))
     verdict = path_verdict(samples)
     markdown = (
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
@@ -289,13 +296,13 @@ def _symptom_section(folder: str, table: Any, samples: Sequence[SampleCause]) ->
     return markdown, ("decode", page)
 
 
-def _run_section(folder: str, views: Sequence[StepView]) -> tuple[str, tuple[str, str]]:
-    """``steps.csv`` and its PNG written; the section's Markdown, and its HTML (figure ``run``)."""
+def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tuple[str, tuple[str, str]]:
+    """``steps.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``run``)."""
     import pandas
 
     tidy = pandas.DataFrame(run_view.tidy(views), columns=["global_step", "scalar", "layer", "value"])
     tidy.to_csv(os.path.join(folder, STEPS), index=False)
-    run_heatmap(views, os.path.join(folder, RUN_PLOT))
+    painter.draw(run_heatmap, views, os.path.join(folder, RUN_PLOT))
     verdict = run_view.run_verdict(views)
     frame = pandas.DataFrame(
         [

@@ -6,8 +6,13 @@ import argparse
 import math
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, THRESHOLD_OF
+
+if TYPE_CHECKING:
+    from msprobe_hooks.analysis.pairs import Pair
+    from msprobe_hooks.analysis.plots import Painter
 
 DESCRIPTION = """\
 Compare every pair that `msprobe-hooks align` wrote, module by module, across the two engines' names
@@ -55,31 +60,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from msprobe_hooks.analysis import names, pairs, pool, report, run_view, symptom
-    from msprobe_hooks.analysis.results import Verdict
+def _fail(message: str) -> int:
+    print(f"msprobe-hooks compare: {message}", file=sys.stderr)
+    return 2
 
-    def fail(message: str) -> int:
-        print(f"msprobe-hooks compare: {message}", file=sys.stderr)
-        return 2
+
+def run(args: argparse.Namespace) -> int:
+    from msprobe_hooks.analysis import names, pairs, plots
 
     if not math.isfinite(args.threshold) or args.threshold <= 0:
-        return fail(f"--threshold {args.threshold}: expected a positive number")
+        return _fail(f"--threshold {args.threshold}: expected a positive number")
     if args.jobs < 1:
-        return fail(f"--jobs {args.jobs}: expected 1 or more")
+        return _fail(f"--jobs {args.jobs}: expected 1 or more")
     mapping = os.path.abspath(args.mapping) if args.mapping else None
     try:
         names.load(mapping)  # a bad mapping file fails here, before any pair
     except names.MappingError as exc:
-        return fail(str(exc))
+        return _fail(str(exc))
     try:
         pair_list = list(pairs.read(args.pairs))
     except OSError as exc:
-        return fail(f"cannot read {args.pairs}: {exc.strerror}")
+        return _fail(f"cannot read {args.pairs}: {exc.strerror}")
     except pairs.PairsFileError as exc:
-        return fail(str(exc))
+        return _fail(str(exc))
     if not pair_list:
-        return fail(f"{args.pairs} holds no pairs (run align first)")
+        return _fail(f"{args.pairs} holds no pairs (run align first)")
+    # With a second core, the figures' process starts now and imports matplotlib while the pairs are compared.
+    painter = plots.Painter(separate_process=args.jobs > 1)
+    try:
+        return _compare(args, pair_list, mapping, painter)
+    finally:
+        painter.finish()
+
+
+def _compare(args: argparse.Namespace, pair_list: list[Pair], mapping: str | None, painter: Painter) -> int:
+    from msprobe_hooks.analysis import pool, report, run_view, symptom
+    from msprobe_hooks.analysis.results import Verdict
+
     results, rows = [], []
     if args.ray:
         outcomes = pool.compare_on_ray(pair_list, args.threshold, args.ray, mapping)
@@ -90,14 +107,14 @@ def run(args: argparse.Namespace) -> int:
             results.append(result)
             rows.extend(pair_rows)
     except ImportError as exc:
-        return fail(f"--ray {args.ray}: cannot import ray ({exc}); install ray")
+        return _fail(f"--ray {args.ray}: cannot import ray ({exc}); install ray")
     except (ConnectionError, RuntimeError) as exc:
         if not args.ray:
             raise
-        return fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
+        return _fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
     gaps = symptom.read_gaps(symptom.gap_logs(p.train.log for p in pair_list))
     found = report.answer(results, rows, gaps)
-    written = report.write(args.output, found, args.threshold)
+    written = report.write(args.output, found, args.threshold, painter)
     for line in report.summary_lines(found, args.threshold):
         print(line)
     if args.tensorboard:

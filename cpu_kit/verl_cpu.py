@@ -161,19 +161,11 @@ def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64)
     (``.venv-vllm``, ``.venv-sglang``; SGLang takes the tokenizer files from a folder of their own,
     see ``tests/support/real_sglang.py``), so training and inference dumps of one model can be compared.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
-    os.makedirs(path, exist_ok=True)
-    vocab = {"<pad>": PAD_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<unk>": 2}
-    vocab.update({f"t{i}": i for i in range(3, VOCAB_SIZE)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tokenizer.save_pretrained(path)
+    write_tokenizer(path)
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,
@@ -190,6 +182,21 @@ def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64)
     torch.manual_seed(seed)
     Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
+
+
+def write_tokenizer(path: str) -> None:
+    """The kit's WordLevel tokenizer (``VOCAB_SIZE`` ids ``t3`` ... and pad, eos, unk) saved under ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(path, exist_ok=True)
+    vocab = {"<pad>": PAD_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<unk>": 2}
+    vocab.update({f"t{i}": i for i in range(3, VOCAB_SIZE)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The inference side of the demo: vLLM's real engine generates for a prompts file, one request at a time.
 
-    python examples/vllm_generate.py MODEL_DIR PROMPTS_FILE [--max-tokens N] [--dtype float32]
+    python examples/vllm_generate.py MODEL_DIR PROMPTS_FILE [--max-tokens N] [--dtype D] [--tensor-parallel-size N]
 
 ``PROMPTS_FILE`` holds one JSON object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``
 (the same file ``examples/cpu_demo.py --prompts`` reads, so both sides see the same prompts under
@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("prompts", help="JSON lines of request_id and prompt_token_ids")
     parser.add_argument("--max-tokens", type=int, default=2, help="tokens to generate per prompt (default 2)")
     parser.add_argument("--dtype", default="float32", help="the engine's dtype (default float32)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM's tensor parallelism (default 1)")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -38,6 +39,7 @@ def main() -> int:
         max_model_len=256,
         enable_prefix_caching=False,
         seed=0,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

@@ -253,6 +253,15 @@ VARIABLES: tuple[Variable, ...] = (
         "counts as one msprobe step and gets a dispatch-log line.",
     ),
     Variable(
+        PREFIX + "ROUTING",
+        "routing",
+        Flag(),
+        "0",
+        "Record, in the inference engine, the experts each MoE router chose for every token of a dumped step "
+        "(vLLM: the router's capture hook on each MoERunner): one routed_experts.jsonl line per step beside "
+        "the dispatch log, which compare's routing section reads. Dense models: nothing to record (one line).",
+    ),
+    Variable(
         PREFIX + "OUTPUT_DIR",
         "output_dir",
         DumpDir(),
@@ -333,6 +342,7 @@ class Config(Record):
     actor_config: str | None
     generate_config: str | None
     generate_forwards: str
+    routing: bool
     output_dir: str
     strict: bool
     disabled: frozenset[str]

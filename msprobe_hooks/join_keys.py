@@ -17,6 +17,7 @@ TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
 TRAINING_SOURCE = "update_actor"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
 GAP_LOG = "logprob_gap.jsonl"  # one line per sample of a log-prob pass: its token gap to the rollout
+ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
 # What a training window holds (its log line's "dump"): a micro-batch's forward, or one sample's prompt alone.
 MICRO_BATCH_WINDOW, PROMPT_WINDOW = "micro_batch", "prompt"
 DISPATCH_SOURCE = "dispatch_logger"

@@ -30,7 +30,10 @@ VLLM_MODEL_RUNNER = Patch(
     "MSPROBE_GENERATE_CONFIG on GPU vLLM it drives msprobe as vLLM-Ascend does: start() after _update_states "
     "(scheduled tokens in packed order), stop() and step() when execute_model returns output or "
     "sample_tokens returns; dumps under {dump_path}/{pid}/. Refuses (one error line) when the engine is not "
-    "eager. __init__ re-applies wrappers replaced since import (vLLM-Ascend 0.13 swaps _update_states).",
+    "eager. With MSPROBE_HOOKS_ROUTING=1, on the first step it sets the capture hook of every MoE router of the "
+    "loaded model (router.set_capture_fn on each MoERunner, looked for, not assumed: one line when there is "
+    "none) and writes the ids each router chose, per step, into routed_experts.jsonl beside the dispatch log. "
+    "__init__ re-applies wrappers replaced since import (vLLM-Ascend 0.13 swaps _update_states).",
     retire_when="vLLM logs per-step request dispatch itself (ids, offsets, computed tokens) and has an msprobe "
     "switch like vLLM-Ascend's additional_config.dump_config_path.",
     contract=(

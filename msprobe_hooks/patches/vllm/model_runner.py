@@ -11,9 +11,11 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
 * ``_update_states`` (after): the persistent batch is final here (condensed and reordered), so
   ``input_batch.req_ids`` is the order of the packed tokens (:mod:`.batch`); then, when driving
   msprobe, ``start()`` with the scheduled tokens in that order.
-* ``execute_model`` / ``sample_tokens``, wrapped only with ``MSPROBE_GENERATE_CONFIG``: when driving
-  msprobe, ``stop()`` and ``step()`` once the step is over (``execute_model`` returned output,
-  raised, or ``sample_tokens`` returned).
+* ``execute_model`` / ``sample_tokens``, wrapped only with ``MSPROBE_GENERATE_CONFIG`` or
+  ``MSPROBE_HOOKS_ROUTING``: when driving msprobe, ``stop()`` and ``step()`` once the step is over
+  (``execute_model`` returned output, raised, or ``sample_tokens`` returned); with routing, the step's
+  routed experts written (:mod:`msprobe_hooks.inference.routed_experts`). The routers' capture hooks are
+  set on the first step, once the model is loaded (``get_model()``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> N
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
+    if _ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
+        state.bind_routing(runner.get_model(), _ctx.guarded)
+    if state.routing is not None:
+        state.routing.discard()  # ids of forwards no step of ours covered (a dummy run)
     if state.drive_config is not None and state.debugger is None:
         state.create_debugger()
     requests = scheduled_requests(runner, scheduler_output, state)
@@ -115,28 +121,38 @@ def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> N
         state.start(runner, requests)
 
 
+def _ends_steps(state: VllmRunner | None) -> bool:
+    """Whether this runner has something to do once a step is over: a dump it drives, routers it records."""
+    return state is not None and (state.drive_config is not None or state.routing is not None)
+
+
+def _end_step(state: VllmRunner) -> None:
+    _ctx.guarded("ending the step's dump", state.finish)
+    _ctx.guarded("writing the step's routed experts", state.end_routing)
+
+
 def _execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     state = state_of(instance)
-    if state is None or state.drive_config is None:
+    if not _ends_steps(state):
         return wrapped(*args, **kwargs)
     try:
         result = wrapped(*args, **kwargs)
     except BaseException:
-        _ctx.guarded("ending the step's dump", state.finish)
+        _end_step(state)
         raise
     if result is not None:  # output now (0.11.0, pooling, PP), else sample_tokens() ends the step
-        _ctx.guarded("ending the step's dump", state.finish)
+        _end_step(state)
     return result
 
 
 def _sample_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     state = state_of(instance)
-    if state is None or state.drive_config is None:
+    if not _ends_steps(state):
         return wrapped(*args, **kwargs)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _ctx.guarded("ending the step's dump", state.finish)
+        _end_step(state)
 
 
 WRAPPERS: dict[str, Callable[..., Any]] = {
@@ -147,13 +163,14 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
 }
 
 
-# What only a dump needs: without MSPROBE_GENERATE_CONFIG these wrappers would do nothing at every step.
+# What only the end of a step needs (a dump driven, routers recorded): without MSPROBE_GENERATE_CONFIG or
+# MSPROBE_HOOKS_ROUTING these wrappers would do nothing at every step.
 DUMP_WRAPPERS = frozenset({"execute_model", "sample_tokens"})
 
 
 def _install(cls: type) -> list[str]:
     """Wrap every method (that this configuration needs) not, or no longer, wrapped; the names newly wrapped."""
-    dumps = _ctx.config is not None and bool(_ctx.config.generate_config)
+    dumps = _ctx.config is not None and (bool(_ctx.config.generate_config) or _ctx.config.routing)
     wrapped = []
     for name, wrapper in WRAPPERS.items():
         if name not in vars(cls) or (name in DUMP_WRAPPERS and not dumps):

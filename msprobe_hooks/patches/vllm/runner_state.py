@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from msprobe_hooks.config import Config
 from msprobe_hooks.contracts import module_version
 from msprobe_hooks.debugger import DebuggerUnavailable, get_debugger, is_recording
+from msprobe_hooks.inference import routed_experts
 from msprobe_hooks.inference.dispatch_log import (
     PromptHashes,
     RunnerLog,
@@ -23,7 +25,8 @@ from msprobe_hooks.inference.dispatch_log import (
     StepWindow,
     open_log,
 )
-from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.inference.routed_experts import RoutingRecorder
+from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG, strip_vllm_suffix
 from msprobe_hooks.log import logger
 
 _states: weakref.WeakKeyDictionary[Any, VllmRunner] = weakref.WeakKeyDictionary()
@@ -67,6 +70,49 @@ class VllmRunner(RunnerLog):
         self.in_step = False  # a start() of ours awaits its stop()/step()
         self.window: StepWindow | None = None
         self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
+        self.routing: RoutingRecorder | None = None  # MSPROBE_HOOKS_ROUTING: the routers' choices of each step
+        self.routing_bound = False  # the routers were looked for (once the model is loaded)
+        self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
+
+    def write(
+        self,
+        step: int,
+        dumped: bool,
+        requests: Sequence[ScheduledRequest],
+        forward_mode: str | None = None,
+        rank: int | None = None,
+    ) -> None:
+        super().write(step, dumped, requests, forward_mode, rank)
+        self.last_line = (step, dumped, list(requests))
+
+    # --- the routers' choices (MSPROBE_HOOKS_ROUTING) -------------------------------------------
+
+    def bind_routing(self, model: Any, guarded: Callable[..., Any]) -> None:
+        """Feed every MoE router's capture hook of ``model`` into this runner's recorder (once)."""
+        self.routing_bound = True
+        recorder = RoutingRecorder(self.dump_root)
+        if routed_experts.bind(model, recorder, guarded):
+            self.routing = recorder
+            logger().info("MSPROBE_HOOKS_ROUTING: %d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
+        else:
+            logger().info(
+                "MSPROBE_HOOKS_ROUTING is set but this model has no MoE router with a capture hook "
+                "(vLLM's router.set_capture_fn): no %s in this worker",
+                ROUTED_EXPERTS_LOG,
+            )
+
+    def end_routing(self) -> None:
+        """The step is over: write what its routers chose (dumped steps only when a debugger runs)."""
+        if self.routing is None:
+            return
+        if self.last_line is None:
+            self.routing.discard()
+            return
+        step, dumped, requests = self.last_line
+        if self.debugger is not None and not dumped:
+            self.routing.discard()
+            return
+        self.routing.flush(step, self.rank, dumped, requests)
 
     # --- following a debugger ------------------------------------------------------------------
 

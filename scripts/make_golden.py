@@ -19,7 +19,16 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   (hidden 128, 4 prompts), clean and with one weight scaled (``VERDICT_CASES``): the proof of the verdict
   rules on real pairs.
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``) and leaves the others.
+* ``qwen3/``: a tiny Qwen3 (q/k norms; 2 layers, hidden 128): FSDP2 (``actor/``) against vLLM and SGLang,
+  and vLLM on a copy with ``layers.1.self_attn.k_norm`` x1.05 (``vllm_k_norm/``);
+* ``moe/``: a tiny Qwen3-MoE (3 layers of 8 experts, top 2; ``cpu_kit/moe_inputs.py``): FSDP2 in tensor mode
+  (``actor/``: the routers' expert ids) and in statistics (``actor_statistics/``), vLLM with
+  ``MSPROBE_HOOKS_ROUTING=1`` (its ``routed_experts.jsonl``) in fp32 (``fp32/``) and bf16 (``bf16/``), on a
+  copy whose layer-1 router sends a known share of the tokens elsewhere (``router/``, ``bf16_router/``; what
+  was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
+  without the routing switch (``no_routing/``).
+
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -160,7 +169,62 @@ def _verdict(work: Path, out: Path) -> None:
         _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
 
 
-SETS = {"namings": _namings, "verdict": _verdict}
+# Qwen3 (q/k norms) against vLLM and SGLang, and a k_norm fault; Qwen3-MoE with the routers' choices
+# (MSPROBE_HOOKS_ROUTING=1 on vLLM): training in tensor mode (the routers' ids) and in statistics, vLLM in fp32
+# and bf16, clean, with a router fault of known share (its router_fault.json beside) and a numeric fault.
+ROUTING = {"MSPROBE_HOOKS_ROUTING": "1"}
+MOE_ROUTER_SHARE = 0.3  # of the golden prompts' 10 tokens
+
+
+def _qwen3(work: Path, out: Path) -> None:
+    from cpu_kit.moe_inputs import QWEN3_NUMERIC_FAULT, build_qwen3_dir, perturb_weight
+
+    model = Path(build_qwen3_dir(os.fspath(work / "model")))
+    fault = perturb_weight(model, work / "k_norm", *QWEN3_NUMERIC_FAULT)
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    stats = msprobe_config(work / "statistics.json")
+    trees = {
+        "qwen3/actor": run_training(work / "train", model, prompts, stats),
+        "qwen3/vllm/generate": run_vllm(work / "vllm", model, prompts, stats),
+        "qwen3/sglang/generate": run_sglang(work / "sglang", model, prompts, stats),
+        "qwen3/vllm_k_norm/generate": run_vllm(work / "vllm_k_norm", fault, prompts, stats),
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / name)
+
+
+def _moe(work: Path, out: Path) -> None:
+    from cpu_kit.moe_inputs import (
+        MOE_NUMERIC_FAULT,
+        ROUTER_FAULT_FILE,
+        build_qwen3_moe_dir,
+        perturb_weight,
+        plant_router_fault,
+    )
+
+    model = Path(build_qwen3_moe_dir(os.fspath(work / "model")))
+    router = work / "router"
+    plant_router_fault(model, router, PROMPTS, share=MOE_ROUTER_SHARE)
+    attention = perturb_weight(model, work / "attention", *MOE_NUMERIC_FAULT)
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    stats = msprobe_config(work / "statistics.json")
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    trees = {
+        "moe/actor": run_training(work / "train", model, prompts, tensor),
+        "moe/actor_statistics": run_training(work / "train_statistics", model, prompts, stats),
+        "moe/fp32/generate": run_vllm(work / "fp32", model, prompts, stats, **ROUTING),
+        "moe/router/generate": run_vllm(work / "router-run", router, prompts, stats, **ROUTING),
+        "moe/attention/generate": run_vllm(work / "attention-run", attention, prompts, stats, **ROUTING),
+        "moe/bf16/generate": run_vllm(work / "bf16", model, prompts, stats, "bfloat16", **ROUTING),
+        "moe/bf16_router/generate": run_vllm(work / "bf16-router", router, prompts, stats, "bfloat16", **ROUTING),
+        "moe/no_routing/generate": run_vllm(work / "no-routing", model, prompts, stats),
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / name)
+    shutil.copyfile(router / ROUTER_FAULT_FILE, out / "moe" / ROUTER_FAULT_FILE)
+
+
+SETS = {"namings": _namings, "verdict": _verdict, "qwen3": _qwen3, "moe": _moe}
 
 
 def main() -> int:

@@ -12,12 +12,11 @@ compared says so and is never a pass. Pairs run in a process pool (all cores by 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis import dumpfile, names
+from msprobe_hooks.analysis import dumpfile, names, routing
 from msprobe_hooks.analysis.pairs import Pair
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
 from msprobe_hooks.analysis.statistics import (
@@ -114,21 +113,10 @@ def read_side(path: str, table: names.NameMap) -> Side:
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
-    if not data_name:
-        return None
-    path = os.path.join(os.path.dirname(side.path), "dump_tensor_data", data_name)
-    return path if os.path.isfile(path) else None
+    return dumpfile.tensor_file(side.path, data_name)
 
 
-def _load(path: str) -> Any:
-    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor; loaded only when compared."""
-    import torch
-
-    if path.endswith(".npy"):
-        import numpy
-
-        return torch.from_numpy(numpy.load(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+_load = dumpfile.load_tensor  # loaded only when compared
 
 
 def _fused_tensor(side: Side, held: SideTensor) -> Any:
@@ -346,4 +334,5 @@ def compare_pair(
         result.first_train_name, result.first_generate_name = first.train_name, first.generate_name
     if worst is not None:
         result.max_error, result.max_module = worst.error, f"{worst.module} {worst.io}"
+    routing.judge(result, pair, rows, table)  # MoE pairs: the routers' choices; nothing for a dense model
     return result, rows

@@ -166,3 +166,22 @@ def _is_embedding_module(name: str) -> bool:
     head, _, call = name.rpartition(".forward.")
     segments = head.split(".")
     return call == "0" and len(segments) >= 3 and segments[-2] in _EMBEDDING_MODULES
+
+
+def tensor_file(dump: str, data_name: str | None) -> str | None:
+    """The file of a tensor-mode entry's tensor (``data_name``) beside the ``dump.json`` at ``dump``; None if absent."""
+    if not data_name:
+        return None
+    path = os.path.join(os.path.dirname(dump), "dump_tensor_data", data_name)
+    return path if os.path.isfile(path) else None
+
+
+def load_tensor(path: str) -> Any:
+    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor (torch is imported only here)."""
+    import torch
+
+    if path.endswith(".npy"):
+        import numpy
+
+        return torch.from_numpy(numpy.load(path))
+    return torch.load(path, map_location="cpu", weights_only=True)

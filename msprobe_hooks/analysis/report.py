@@ -15,14 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis import interactive, run_view
+from msprobe_hooks.analysis import interactive, routing, run_view
 from msprobe_hooks.analysis.pairs import PairKind
 from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
+    OPTIONAL_PAIR_COLUMNS,
     PAIR_RESULT_COLUMNS,
     THRESHOLD_OF,
+    FirstRule,
     ModuleRow,
     PairResult,
     Status,
@@ -36,7 +38,9 @@ DECODE_PLOT = "decode_by_token.png"
 SAMPLES = "samples.csv"
 STEPS = "steps.csv"
 RUN_PLOT = "run_by_step.png"
-REPORT_FILES = ("summary.md", "modules.csv", "pairs.csv", PLOT, SAMPLES, DECODE_PLOT, STEPS, RUN_PLOT)
+REPORT_FILES = (
+    "summary.md", "modules.csv", "pairs.csv", PLOT, SAMPLES, DECODE_PLOT, STEPS, RUN_PLOT, routing.ROUTING_CSV,
+)  # fmt: skip
 # The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
 SUMMARY_COLUMNS = [
     "pair", "rule", "key", "kind", "token_index", "mode", "verdict", "first_module", "first_io", "first_error",
@@ -47,6 +51,8 @@ SUMMARY_COLUMNS = [
 
 def _by_rule(r: PairResult, threshold: float) -> str:
     """Why ``r``'s first divergence is one, and what the fixed threshold says when it names another row."""
+    if r.first_rule == FirstRule.ROUTING:
+        return routing.describe(r)
     if r.first_rule == "step":
         why = f"error {r.first_error:.3g}, a step up from {r.first_before:.3g} before it"
     else:
@@ -54,7 +60,7 @@ def _by_rule(r: PairResult, threshold: float) -> str:
     if (r.threshold_module, r.threshold_io) != (r.first_module, r.first_io):
         named = f"{r.threshold_module} {r.threshold_io}" if r.threshold_module else "nothing"
         why += f"; the fixed threshold {threshold:g} names {named}"
-    return why
+    return why + routing.noise_note(r)
 
 
 def overall(results: Sequence[PairResult], threshold: float) -> str:
@@ -63,6 +69,8 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     if diverging:
         earliest = min(diverging, key=lambda r: r.first_order)
         same = sum(r.first_module == earliest.first_module for r in diverging)
+        if earliest.first_rule == FirstRule.ROUTING:
+            return f"first divergence: {routing.describe(earliest)}; first in {same} of {len(results)} pairs"
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
             f"({_by_rule(earliest, threshold)}; first in {same} of {len(results)} pairs)"
@@ -126,14 +134,19 @@ def sample_table(samples: Sequence[SampleCause]) -> Any:
 def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Any, Any]:
     """``modules.csv`` and ``pairs.csv`` as DataFrames (columns: the fields of the row types).
 
-    ``message`` (why a pair failed) is a column of ``pairs.csv`` only when some pair failed.
+    The optional columns (``message``: why a pair failed; the routing comparison's) are columns of ``pairs.csv``
+    only when some pair has a value there.
     """
     import pandas
 
     table = pandas.DataFrame([row.record() for row in rows], columns=list(MODULE_COLUMNS))
     table = table.sort_values(["pair", "order"], kind="stable")
     ordered = sorted(results, key=lambda r: r.pair)
-    columns = [c for c in PAIR_RESULT_COLUMNS if c != "message" or any(r.message is not None for r in ordered)]
+    columns = [
+        c
+        for c in PAIR_RESULT_COLUMNS
+        if c not in OPTIONAL_PAIR_COLUMNS or any(getattr(r, c) not in (None, "") for r in ordered)
+    ]
     return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
 
 
@@ -170,9 +183,17 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
         lines.append(path_verdict(found.samples))
     if found.steps:
         lines.append(run_view.run_verdict(found.steps))
+    routed = routing.headline(results)  # MoE pairs only
+    if routed:
+        lines.append(routed)
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
+        elif r.verdict is Verdict.DIVERGES and r.first_rule == FirstRule.ROUTING:
+            lines.append(
+                f"  pair {r.pair} ({_pair_label(r)}): {routing.describe(r)}; "
+                f"{r.compared} compared, {r.unmatched} unmatched"
+            )
         elif r.verdict is Verdict.DIVERGES:
             lines.append(
                 f"  pair {r.pair} ({_pair_label(r)}): {r.first_module} {r.first_io} diverges "
@@ -213,6 +234,9 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     if found.steps:
         figures.append(("run", interactive.run(found.steps)))
         sections.append(_run_section(folder, found.steps, painter))
+    routed = routing.section(folder, results)  # MoE pairs only
+    if routed is not None:
+        sections.append((routed[0], ("routing", routed[1])))
     fragments = interactive.fragments(figures)
 
     headline = overall(results, threshold)

@@ -41,6 +41,14 @@ class Verdict(_Text):
     STATISTICS = "not comparable (statistics)"  # a token's rows cannot be cut from statistics: never a pass
 
 
+class FirstRule(_Text):
+    """What named a pair's first divergence (``PairResult.first_rule``)."""
+
+    STEP = "step"  # verdict.StepRule: the error stepped up against the pair's own noise
+    THRESHOLD = "threshold"  # verdict.FixedRule: the error crossed --threshold
+    ROUTING = "routing"  # routing.py: a router sent tokens to other experts, at or before any numeric divergence
+
+
 class Unpaired(_Text):
     """Why ``align`` left a dump unpaired, in the order its table lists them."""
 
@@ -157,9 +165,62 @@ class PairResult:
     token_index: int | None = None
     global_step: object = None
     message: str | None = None
+    # MoE pairs (analysis/routing.py): the routers' choices compared per layer; None where nothing was.
+    routing_layers: int | None = None  # layers whose choices were compared
+    routing_flipped: int | None = None  # (token, layer) pairs whose expert set differs, noise included
+    routing_layer: int | None = None  # the first layer where tokens went to other experts beyond the noise
+    routing_share: float | None = None  # the share of that layer's tokens whose expert set differs
+    numeric_first: str = ""  # with first_rule "routing": the first numeric divergence (module io), if any
+    routing_noise_layer: int | None = None  # the numeric first divergence's layer, whose router flipped within noise
+    routing: list[RoutingLayer] = dataclasses.field(default_factory=list, repr=False, metadata={"column": False})
 
     def record(self) -> dict[str, Any]:
         return {name: _cell(getattr(self, name)) for name in PAIR_RESULT_COLUMNS}
 
 
-PAIR_RESULT_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PairResult))
+PAIR_RESULT_COLUMNS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(PairResult) if f.metadata.get("column", True)
+)
+# Columns of pairs.csv written only when some pair has a value there: why a pair failed, and the routing
+# comparison (MoE pairs only), so that a dense model's report stays what it was.
+OPTIONAL_PAIR_COLUMNS: tuple[str, ...] = (
+    "message",
+    "routing_layers",
+    "routing_flipped",
+    "routing_layer",
+    "routing_share",
+    "numeric_first",
+    "routing_noise_layer",
+)
+
+
+@dataclass
+class RoutingLayer:
+    """One MoE layer of one pair: which tokens the two sides sent to different experts (a row of ``routing.csv``).
+
+    A token *flips* when its set of top-k experts differs between the sides. A flip is *within noise* when the
+    training router's top-k margin at that token (its k-th largest logit minus the next) is no larger than the
+    logits' noise (``noise``, relative to the token's largest logit: routing.py says how it is taken): rounding
+    alone can reorder such experts, so the flip is reported, never blamed.
+    """
+
+    pair: int | None = None
+    layer: int | None = None
+    status: Status | None = None  # compared, or not comparable (reason)
+    tokens: int | None = None
+    flipped: int | None = None
+    share: float | None = None  # flipped / tokens
+    within_noise: int | None = None
+    beyond_noise: int | None = None
+    top_k: int | None = None
+    margin_min: float | None = None  # the smallest training margin among the flipped tokens
+    noise: float | None = None
+    train_source: str | None = None
+    generate_source: str | None = None
+    reason: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {name: _cell(getattr(self, name)) for name in ROUTING_COLUMNS}
+
+
+ROUTING_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RoutingLayer))

@@ -18,7 +18,7 @@ from support import golden
 from support.pages import offline
 
 from msprobe_hooks.analysis import names, pairs
-from msprobe_hooks.analysis.results import MODULE_COLUMNS, PAIR_RESULT_COLUMNS, Status, Verdict
+from msprobe_hooks.analysis.results import MODULE_COLUMNS, OPTIONAL_PAIR_COLUMNS, PAIR_RESULT_COLUMNS, Status, Verdict
 from msprobe_hooks.cli import main
 
 # Per decoder layer: the two norms, qkv, o_proj, attn, self_attn, gate_up, act_fn, down_proj, mlp
@@ -186,7 +186,8 @@ def test_the_built_in_map_covers_msprobes_own_megatron_and_fsdp_maps():
 def test_report_columns_are_the_row_types_fields(tmp_path):
     results, rows = compare(pairs_file(tmp_path, "fsdp2/actor", "vllm/generate"), tmp_path / "report")
     assert list(rows.columns) == list(MODULE_COLUMNS)
-    assert list(results.columns) == [c for c in PAIR_RESULT_COLUMNS if c != "message"]  # no pair failed
+    # no pair failed, no routing compared (a dense model): the optional columns are left out
+    assert list(results.columns) == [c for c in PAIR_RESULT_COLUMNS if c not in OPTIONAL_PAIR_COLUMNS]
     assert set(rows["status"]) <= {s.value for s in Status}
     page = (tmp_path / "report" / "index.html").read_text()
     assert offline(page)

@@ -100,13 +100,20 @@ def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     return root
 
 
-def run_vllm(tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32") -> Path:
-    """vLLM's CPU engine (in ``dtype``), one request per prefill step; returns the inference dump root."""
+def run_vllm(
+    tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32", tp: int = 1, **env_vars: str
+) -> Path:
+    """vLLM's CPU engine (in ``dtype``, tensor parallel ``tp``: one core per worker), one request per prefill
+    step, with ``env_vars`` set too (``MSPROBE_HOOKS_ROUTING="1"``); returns the inference dump root."""
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
-    env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
+    if tp > 1:  # vLLM binds each CPU worker to its cores; this machine has one NUMA node
+        env_vars.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tp)))
+    env = engine_env(
+        rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp), **env_vars
+    )
     command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
-    command += ["--dtype", dtype]
+    command += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
     try:
         _run(command, env, tmp / "vllm.log")
     finally:

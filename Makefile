@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
+#   make demo-moe   the same loop on a tiny Qwen3-MoE, the routers' choices compared: a router fault named as
+#               routing (examples/demo_moe.sh)
 #   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint and run the whole test suite
 #               (what .ci/run calls)
 #   make test-fast   lint and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
@@ -44,7 +46,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-megatron install-vllm install-sglang demo test test-fast bench docs dist clean verl-tests chromium
+.PHONY: install install-megatron install-vllm install-sglang demo demo-moe test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +94,10 @@ install-vllm: $(VLLM_BIN)/msprobe-hooks
 
 demo: install install-vllm
 	bash examples/demo.sh $(BIN) $(VLLM_BIN)
+
+# The routing demo (Qwen3-MoE, a router fault named as routing): its own target, so that make demo stays short.
+demo-moe: install install-vllm
+	bash examples/demo_moe.sh $(BIN) $(VLLM_BIN)
 
 # Headless Chromium renders the compare report in tests/analysis/test_compare.py (Debian's package).
 chromium:

@@ -43,6 +43,10 @@ STATISTICS_ONLY = (
     "the training dump holds statistics: a router's expert ids show only as their max and min; dump the routers "
     "in tensor mode (docs/analysis.md, 'Routing')"
 )
+NO_TRAINING_ROUTER = (
+    "no module of the training dump is a router by the name map (a rule with compare: router): add one with "
+    "--mapping (docs/analysis.md, 'The name map')"
+)
 NO_INFERENCE_IDS = (
     "the inference side recorded no expert ids for this step: set MSPROBE_HOOKS_ROUTING=1 "
     f"(vLLM: {ROUTED_EXPERTS_LOG} beside the dispatch log)"
@@ -110,7 +114,9 @@ def training_choices(dump: str, table: names.NameMap) -> tuple[dict[int, _Choice
             continue
         logits = _load(dump, outputs[0]) if outputs and not _is_int(outputs[0]) else None
         choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.output.{outputs.index(ids)}", logits)
-    if routers and not choices:
+    if not routers:
+        return choices, NO_TRAINING_ROUTER
+    if not choices:
         return choices, STATISTICS_ONLY
     return choices, None
 

@@ -1,0 +1,88 @@
+"""``compare`` on Qwen3-MoE pairs: the time per pair, and what the routing comparison costs of it.
+
+    python benchmarks/bench_moe.py [PAIRS_FILE]
+
+Without a pairs file: the golden Qwen3-MoE trees (``tests/golden/moe``: real verl FSDP2 dumps in tensor
+mode against real vLLM statistics with its ``routed_experts.jsonl``; the router-fault copy), aligned here;
+``make demo-moe`` leaves bigger pairs (52 tokens) under ``examples/msprobe_dump/moe/*/pairs.jsonl``. Timed:
+the CLI over all pairs, a fresh process as a user runs it (``--jobs 1``), per pair; in this process, per
+pair, ``compare_pair`` whole and with the routing comparison left out (``routing.judge`` replaced by a no-op
+for the measurement), and ``routing.judge`` alone. Medians of ``ROUNDS``; prints seconds and shares, no
+pass/fail.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROUNDS = 7
+
+
+def _golden_pairs(folder: Path) -> Path:
+    pairs_file = folder / "pairs.jsonl"
+    moe = REPO / "tests" / "golden" / "moe"
+    command = [sys.executable, "-m", "msprobe_hooks", "align", str(moe / "actor"), str(moe / "router" / "generate")]
+    subprocess.run([*command, "-o", str(pairs_file)], check=True, capture_output=True, cwd=REPO)
+    return pairs_file
+
+
+def _median(work, rounds: int = ROUNDS) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    from msprobe_hooks.analysis import compare, names, pairs, routing
+
+    with tempfile.TemporaryDirectory(prefix="bench-moe-") as folder:
+        pairs_file = Path(sys.argv[1]) if len(sys.argv) > 1 else _golden_pairs(Path(folder))
+        found = list(pairs.read(str(pairs_file)))
+        command = [sys.executable, "-m", "msprobe_hooks", "compare", str(pairs_file), "--jobs", "1"]
+        cli = _median(
+            lambda: subprocess.run([*command, "-o", str(Path(folder) / "r")], check=True, capture_output=True), 3
+        )
+        table = names.load()
+
+        def whole() -> None:
+            for i, pair in enumerate(found):
+                compare.compare_pair(i, pair, 2e-2)
+
+        real_judge = routing.judge
+        whole()  # warm: torch imported, the map loaded
+        with_routing = _median(whole)
+        routing.judge = lambda *args, **kwargs: None
+        try:
+            without = _median(whole)
+        finally:
+            routing.judge = real_judge
+        outcomes = [compare.compare_pair(i, pair, 2e-2) for i, pair in enumerate(found)]
+
+        def judged() -> None:
+            for (result, rows), pair in zip(outcomes, found, strict=True):
+                routing.judge(result, pair, rows, table)
+
+        alone = _median(judged)
+    n = len(found)
+    layers = sum(r.routing_layers or 0 for r, _ in outcomes)
+    print(f"pairs: {n} ({pairs_file.name}), MoE layers routed: {layers}")
+    print(f"CLI, one process (imports, report): {cli:.2f} s, {cli / n:.3f} s per pair")
+    print(f"in process, per pair: {with_routing / n * 1e3:.1f} ms with routing, {without / n * 1e3:.1f} ms without")
+    print(
+        f"routing.judge alone: {alone / n * 1e3:.1f} ms per pair "
+        f"({alone / with_routing:.0%} of compare_pair; {alone / max(layers, 1) * 1e3:.2f} ms per MoE layer)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

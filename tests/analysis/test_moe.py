@@ -1,0 +1,188 @@
+"""Qwen3 and Qwen3-MoE on the golden trees (real dumps, cut once): the q/k norms, the MoE block, the routers' choices.
+
+``tests/golden/qwen3`` and ``tests/golden/moe`` hold real dumps of verl's FSDP2 engine, vLLM's CPU engine
+(``MSPROBE_HOOKS_ROUTING=1``: its ``routed_experts.jsonl``) and SGLang's, on two prompts (10 tokens);
+``scripts/make_golden.py`` says how they were made, ``moe/router_fault.json`` what the router fault planted.
+No engine starts here; ``tests/analysis/test_compare_moe.py`` runs the engines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas
+import pytest
+from support import golden
+from support.pages import offline
+
+from msprobe_hooks.analysis import names, routing
+from msprobe_hooks.analysis.results import FirstRule, Status, Verdict
+from msprobe_hooks.cli import main
+
+QWEN3, MOE = golden.GOLDEN / "qwen3", golden.GOLDEN / "moe"
+MOE_LAYERS = 3
+
+
+def compare(tmp_path: Path, train: Path, generate: Path, *extra: str) -> tuple[pandas.DataFrame, pandas.DataFrame]:
+    found, out = tmp_path / "pairs.jsonl", tmp_path / "report"
+    assert main(["align", str(train), str(generate), "-o", str(found)]) == 0
+    assert main(["compare", str(found), "-o", str(out), "--jobs", "1", *extra]) == 0
+    return pandas.read_csv(out / "pairs.csv"), pandas.read_csv(out / "modules.csv")
+
+
+def routed(tmp_path: Path) -> pandas.DataFrame:
+    return pandas.read_csv(tmp_path / "report" / routing.ROUTING_CSV)
+
+
+def planted() -> dict:
+    return json.loads((MOE / "router_fault.json").read_text())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_qwen3_compares_its_q_and_k_norms_and_names_nothing(tmp_path, engine):
+    results, rows = compare(tmp_path, QWEN3 / "actor", QWEN3 / engine / "generate")
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
+    assert list(results["unmatched"]) == [0, 0]
+    assert results["max_error"].max() < 1e-5
+    for layer in range(2):
+        for norm in ("q_norm", "k_norm"):
+            found = rows[rows["module"] == f"layers.{layer}.self_attn.{norm}"]
+            assert sorted(found["io"]) == ["input", "input", "output", "output"]
+            assert set(found["status"]) == {Status.COMPARED.value}
+    # the shared rotary module's per-layer calls: layer 1's is layers.0's second call, a rule of the map
+    rotary = rows[rows["generate_name"].fillna("").str.contains(r"layers\.0\.self_attn\.rotary_emb\..*forward\.1\.")]
+    assert len(rotary) and set(rotary["reason"]) == {names.load().reasons["rotary"]}
+    assert "routing" not in (tmp_path / "report" / "summary.md").read_text().lower()  # a dense model
+
+
+def test_qwen3_a_k_norm_fault_is_named_at_the_k_norm(tmp_path):
+    results, rows = compare(tmp_path, QWEN3 / "actor", QWEN3 / "vllm_k_norm" / "generate")
+    assert list(results["first_module"]) == ["layers.1.self_attn.k_norm"] * 2
+    assert list(results["first_io"]) == ["output"] * 2
+    assert results["first_error"].between(0.04, 0.05).all()  # 0.05 / 1.05
+    inputs = rows[(rows["module"] == "layers.1.self_attn.k_norm") & (rows["io"] == "input")]
+    assert inputs["error"].max() < 1e-5
+
+
+def test_moe_clean_fp32_names_nothing_and_every_token_keeps_its_experts(tmp_path):
+    results, rows = compare(tmp_path, MOE / "actor", MOE / "fp32" / "generate")
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
+    assert list(results["unmatched"]) == [0, 0]  # no MoE module without a rule
+    assert list(results["routing_flipped"]) == [0, 0] and list(results["routing_layers"]) == [MOE_LAYERS] * 2
+    for layer in range(MOE_LAYERS):
+        for module in (f"layers.{layer}.mlp", f"layers.{layer}.mlp.gate"):  # the block and the router's logits
+            found = rows[(rows["module"] == module) & (rows["status"] == Status.COMPARED.value)]
+            assert sorted(found["io"]) == ["input", "input", "output", "output"], module
+    reasons = names.load().reasons
+    experts = rows[rows["reason"] == reasons["experts"]]
+    assert experts["train_name"].str.contains("Qwen3MoeExperts").any()
+    assert experts["generate_name"].str.contains("MoERunner").any()  # its router_logits keyword included
+    assert rows["generate_name"].fillna("").str.contains("MoERunner.forward.0.input_kwargs.router_logits").any()
+    assert (rows["reason"] == reasons["expert_activation"]).sum() == 2 * 2 * MOE_LAYERS  # in and out, per pair
+    ids = rows[rows["train_name"].fillna("").str.contains(r"Qwen3MoeTopKRouter\.forward\.0\.output\.2")]
+    assert set(ids["reason"]) == {reasons["routing"]}
+    table = routed(tmp_path)
+    assert set(table["status"]) == {Status.COMPARED.value} and table["flipped"].sum() == 0
+    assert set(table["generate_source"].str.split().str[0]) == {"routed_experts.jsonl"}
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "## Routing" in summary and "routing agrees" in summary
+
+
+def test_a_planted_router_fault_is_named_routing_at_its_layer_with_its_share(tmp_path):
+    results, rows = compare(tmp_path, MOE / "actor", MOE / "router" / "generate")
+    fault = planted()
+    table = routed(tmp_path)
+    by_layer = table.groupby("layer")[["tokens", "flipped"]].sum()
+    assert by_layer.loc[0, "flipped"] == 0  # before the fault, the same experts
+    share = by_layer.loc[fault["layer"], "flipped"] / by_layer.loc[fault["layer"], "tokens"]
+    assert abs(share - fault["share"]) <= 0.03
+    diverging = results[results["routing_layer"].notna()]
+    assert len(diverging) and set(diverging["first_rule"]) == {FirstRule.ROUTING.value}
+    assert set(diverging["first_module"]) == {f"layers.{fault['layer']}.mlp.gate"}
+    assert set(diverging["first_io"]) == {"routing"}
+    # no numeric row diverges before the router's output of that layer
+    for pair in diverging["pair"]:
+        mine = rows[rows["pair"] == pair]
+        router = mine[(mine["module"] == f"layers.{fault['layer']}.mlp.gate") & (mine["io"] == "output")]
+        before = mine[mine["order"] < router["order"].iloc[0]]
+        assert not before["steps_up"].fillna(False).any() and not before["diverges"].fillna(False).any()
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert f"routing diverges at layer {fault['layer']}" in summary.split("\n\n")[1]  # the headline
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<h2>Routing</h2>" in page and offline(page)
+
+
+def test_a_numeric_fault_before_the_router_is_named_at_its_module_not_as_routing(tmp_path):
+    results, _ = compare(tmp_path, MOE / "actor", MOE / "attention" / "generate")
+    assert list(results["first_module"]) == ["layers.1.self_attn.o_proj"] * 2
+    assert list(results["first_rule"]) == [FirstRule.STEP.value] * 2
+    assert results["first_error"].between(0.04, 0.05).all()
+
+
+def test_bf16_flips_within_the_noise_are_reported_and_not_blamed(tmp_path):
+    results, _ = compare(tmp_path, MOE / "actor", MOE / "bf16" / "generate")
+    table = routed(tmp_path)
+    assert (table["flipped"] == table["within_noise"]).all()
+    assert set(table["noise"].round(6)) == {round(2.0**-8 * 4, 6)}  # the step rule's bf16 floor
+    assert results["routing_layer"].isna().all()
+    assert FirstRule.ROUTING.value not in set(results["first_rule"].fillna(""))
+
+
+def test_a_router_fault_in_bf16_is_still_named_routing(tmp_path):
+    results, _ = compare(tmp_path, MOE / "actor", MOE / "bf16_router" / "generate")
+    fault = planted()
+    assert set(results["routing_layer"].dropna()) == {fault["layer"]}
+    assert FirstRule.ROUTING.value in set(results["first_rule"])
+    table = routed(tmp_path)
+    assert table[table["layer"] == 0]["flipped"].sum() == 0
+
+
+def test_routing_needs_the_training_routers_in_tensor_mode(tmp_path):
+    results, _ = compare(tmp_path, MOE / "actor_statistics", MOE / "fp32" / "generate")
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
+    table = routed(tmp_path)
+    assert set(table["status"]) == {Status.NOT_COMPARABLE.value}
+    assert set(table["reason"]) == {routing.STATISTICS_ONLY}
+    assert (
+        "routing not compared: the training dump holds statistics" in (tmp_path / "report" / "summary.md").read_text()
+    )
+
+
+def test_routing_needs_the_inference_record(tmp_path):
+    compare(tmp_path, MOE / "actor", MOE / "no_routing" / "generate")
+    assert set(routed(tmp_path)["reason"]) == {routing.NO_INFERENCE_IDS}
+
+
+def test_a_mapping_rule_makes_a_router_of_another_name_compared_and_routed(tmp_path):
+    """A made-up architecture whose training router is ``mlp.moe_router``: unmatched and unrouted without a
+    rule; with one rule from ``--mapping`` (the router kind) its logits compare and its choices are routed."""
+    train = tmp_path / "actor"
+    shutil.copytree(MOE / "actor", train)
+    for path in train.rglob("*"):
+        if ".mlp.gate." in path.name:
+            path.rename(path.with_name(path.name.replace(".mlp.gate.", ".mlp.moe_router.")))
+    for path in golden.dumps(train):
+        path.write_text(path.read_text().replace(".mlp.gate.", ".mlp.moe_router."))
+    without = tmp_path / "without"
+    without.mkdir()
+    results, rows = compare(without, train, MOE / "fp32" / "generate")
+    assert (results["unmatched"] > 0).all()
+    assert set(rows[rows["module"].fillna("").str.contains("moe_router")]["status"]) == {Status.UNMATCHED.value}
+    assert set(routed(without)["reason"]) == {routing.NO_TRAINING_ROUTER}
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(
+        "rules:\n"
+        '  - module: "layers.{layer}.mlp.gate"\n'
+        '    names: ["layers.{layer}.mlp.gate", "layers.{layer}.mlp.moe_router"]\n'
+        "    compare: router\n"
+    )
+    with_rule = tmp_path / "with"
+    with_rule.mkdir()
+    results, rows = compare(with_rule, train, MOE / "fp32" / "generate", "--mapping", str(mapping))
+    assert list(results["unmatched"]) == [0, 0]
+    gate = rows[rows["module"] == "layers.1.mlp.gate"]
+    assert set(gate["status"]) == {Status.COMPARED.value} and gate["train_name"].str.contains("moe_router").all()
+    table = routed(with_rule)
+    assert set(table["status"]) == {Status.COMPARED.value} and table["flipped"].sum() == 0

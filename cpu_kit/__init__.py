@@ -4,6 +4,8 @@
   folder, gloo, fp32, eager attention);
 * :mod:`cpu_kit.demo_inputs`: the whole-loop demo's inputs (a model, a copy with one planted
   fault, prompts) and the prompts file both sides read;
+* :mod:`cpu_kit.moe_inputs`: beyond the dense Qwen2: a tiny Qwen3, Qwen3-MoE and Qwen2-MoE, copies with
+  numeric faults, and the router-fault planting device (a known share of tokens sent to other experts);
 * :mod:`cpu_kit.vllm_engine`: a long-lived real vLLM engine (``.venv-vllm``) over JSON lines:
   generate with log-probs, weights handed over to the running engine; and its client;
 * :mod:`cpu_kit.rl_loop`: the RL loop over both engines (rollout, log-prob pass, update, weight

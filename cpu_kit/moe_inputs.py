@@ -63,9 +63,21 @@ def build_qwen3_moe_dir(path: str, seed: int = 0, layers: int = MOE_LAYERS) -> s
     return _build(path, seed, "qwen3_moe", layers)
 
 
+def build_qwen2_moe_dir(path: str, seed: int = 0, layers: int = 2) -> str:
+    """A tiny random Qwen2-MoE: ``EXPERTS`` routed experts, top ``TOP_K``, and a gated shared expert."""
+    return _build(path, seed, "qwen2_moe", layers)
+
+
 def _build(path: str, seed: int, kind: str, layers: int) -> str:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     from cpu_kit import verl_cpu
 
@@ -75,6 +87,21 @@ def _build(path: str, seed: int, kind: str, layers: int) -> str:
     common = _common(verl_cpu.VOCAB_SIZE, verl_cpu.PAD_TOKEN_ID, verl_cpu.EOS_TOKEN_ID)
     if kind == "qwen3":
         config, cls = Qwen3Config(intermediate_size=2 * HIDDEN, num_hidden_layers=layers, **common), Qwen3ForCausalLM
+    elif kind == "qwen2_moe":
+        common.pop("head_dim")  # Qwen2: hidden / heads
+        config = Qwen2MoeConfig(
+            intermediate_size=2 * HIDDEN,
+            moe_intermediate_size=MOE_INTERMEDIATE,
+            shared_expert_intermediate_size=2 * MOE_INTERMEDIATE,
+            num_experts=EXPERTS,
+            num_experts_per_tok=TOP_K,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            num_hidden_layers=layers,
+            **common,
+        )
+        cls = Qwen2MoeForCausalLM
     else:
         config = Qwen3MoeConfig(
             intermediate_size=2 * HIDDEN,
@@ -90,7 +117,7 @@ def _build(path: str, seed: int, kind: str, layers: int) -> str:
         cls = Qwen3MoeForCausalLM
     torch.manual_seed(seed)
     model = cls(config)
-    if kind == "qwen3_moe":  # random routers at init are near zero: give the choice real margins
+    if kind != "qwen3":  # random routers at init are near zero: give the choice real margins
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.mlp.gate.weight.normal_(0.0, 0.3)

@@ -28,7 +28,10 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
   without the routing switch (``no_routing/``).
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``) and leaves the others.
+* ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
+  statistics.
+
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``, ``shared``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -224,7 +227,21 @@ def _moe(work: Path, out: Path) -> None:
     shutil.copyfile(router / ROUTER_FAULT_FILE, out / "moe" / ROUTER_FAULT_FILE)
 
 
-SETS = {"namings": _namings, "verdict": _verdict, "qwen3": _qwen3, "moe": _moe}
+def _shared(work: Path, out: Path) -> None:
+    from cpu_kit.moe_inputs import build_qwen2_moe_dir
+
+    model = Path(build_qwen2_moe_dir(os.fspath(work / "model")))
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    stats = msprobe_config(work / "statistics.json")
+    trees = {
+        "shared_experts/actor": run_training(work / "train", model, prompts, stats),
+        "shared_experts/vllm/generate": run_vllm(work / "vllm", model, prompts, stats),
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / name)
+
+
+SETS = {"namings": _namings, "verdict": _verdict, "qwen3": _qwen3, "moe": _moe, "shared": _shared}
 
 
 def main() -> int:

@@ -349,6 +349,10 @@ def _norm(e: _Entry) -> Iterator[Mapped]:
 def _decoder_layer(e: _Entry) -> Iterator[Mapped]:
     if len(e.outputs) >= 2 and e.outputs[1][1].get("shape") == e.outputs[0][1].get("shape"):
         yield from e.none(e.outputs, "layer_split_output")
+    elif len(e.outputs) == 1 and e.inputs and not _is_float(e.inputs[0][1]):
+        # An inference engine's layer (positions first) that returns its sublayer output alone and keeps the
+        # residual outside (SGLang 0.5.21's Qwen3DecoderLayer): not the stream either.
+        yield from e.none(e.outputs, "layer_residual_apart")
     else:
         if e.outputs:
             yield Mapped(*e.outputs[0], keys=[(e.module, "output")])

@@ -28,10 +28,13 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
   without the routing switch (``no_routing/``).
 
+* ``moe_sglang/``: the same Qwen3-MoE on SGLang in tensor mode (its ``TopK`` module's expert ids), against
+  ``moe/actor``;
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``, ``shared``) and leaves the others.
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``, ``shared``, ``moe_sglang``) and leaves
+the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -241,7 +244,23 @@ def _shared(work: Path, out: Path) -> None:
         _copy_tree(tree, out / name)
 
 
-SETS = {"namings": _namings, "verdict": _verdict, "qwen3": _qwen3, "moe": _moe, "shared": _shared}
+def _moe_sglang(work: Path, out: Path) -> None:
+    from cpu_kit.moe_inputs import build_qwen3_moe_dir
+
+    model = Path(build_qwen3_moe_dir(os.fspath(work / "model")))  # the moe set's weights (same seed)
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    _copy_tree(run_sglang(work / "sglang", model, prompts, tensor), out / "moe_sglang" / "generate")
+
+
+SETS = {
+    "namings": _namings,
+    "verdict": _verdict,
+    "qwen3": _qwen3,
+    "moe": _moe,
+    "shared": _shared,
+    "moe_sglang": _moe_sglang,
+}
 
 
 def main() -> int:

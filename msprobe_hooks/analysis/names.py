@@ -396,6 +396,11 @@ def _router(e: _Entry) -> Iterator[Mapped]:
     yield from e.none(e.outputs[1:], "routing")
 
 
+def _topk(e: _Entry) -> Iterator[Mapped]:
+    """An engine's top-k module (SGLang's ``TopK``): the router's logits in, its choice out; read by routing.py."""
+    yield from e.none(e.inputs + e.kwargs + e.outputs, "routing")
+
+
 def _not_comparable(e: _Entry) -> Iterator[Mapped]:
     assert e.rule is not None and e.rule.reason is not None
     yield from e.none(e.inputs + e.kwargs + e.outputs, e.rule.reason)
@@ -415,6 +420,7 @@ KINDS: dict[str, Callable[[_Entry], Iterator[Mapped]]] = {
     "attention_block": _attention_block,
     "activation": _activation,
     "router": _router,
+    "topk": _topk,
     "not_comparable": _not_comparable,
 }
 

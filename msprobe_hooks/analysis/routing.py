@@ -8,8 +8,9 @@ logits diverge". Per pair and MoE layer (a layer with a ``router`` rule in the n
   ``(logits, weights, ids)``: the integer output; statistics hold only their max and min, so a statistics
   dump says so and compares no routing), and its logits (output 0), for the margins;
 * **inference side**: what the engine chose, from ``routed_experts.jsonl`` (``MSPROBE_HOOKS_ROUTING=1``,
-  :mod:`msprobe_hooks.inference.routed_experts`: vLLM's own router capture). (A level-``mix`` tensor dump's
-  ``Torch.topk`` rows hold the ids too, but which call is which layer's is not said there: not read.)
+  :mod:`msprobe_hooks.inference.routed_experts`: vLLM's own router capture), else from a tensor-mode dump of
+  an engine whose top-k choice is a module (SGLang's ``TopK``: its ``topk_ids``). (A level-``mix`` tensor
+  dump's ``Torch.topk`` rows hold vLLM's ids too, but which call is which layer's is not said there: not read.)
 
 A token **flips** when its *set* of top-k experts differs. A flip is **within noise** when the training
 logits' top-k margin at that token (the k-th largest logit minus the next) is at most
@@ -39,6 +40,9 @@ from msprobe_hooks.analysis.verdict import StepRule
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 
 ROUTING_CSV = "routing.csv"
+# The name map's kinds of the modules that choose experts: a router (logits, and the ids on the training side),
+# an engine's top-k module after it (SGLang's TopK: its ids, in a tensor-mode dump).
+CHOOSERS = ("router", "topk")
 STATISTICS_ONLY = (
     "the training dump holds statistics: a router's expert ids show only as their max and min; dump the routers "
     "in tensor mode (docs/analysis.md, 'Routing')"
@@ -49,7 +53,7 @@ NO_TRAINING_ROUTER = (
 )
 NO_INFERENCE_IDS = (
     "the inference side recorded no expert ids for this step: set MSPROBE_HOOKS_ROUTING=1 "
-    f"(vLLM: {ROUTED_EXPERTS_LOG} beside the dispatch log)"
+    f"(vLLM: {ROUTED_EXPERTS_LOG} beside the dispatch log), or dump it in tensor mode (SGLang: its TopK module)"
 )
 
 
@@ -82,12 +86,15 @@ def _router_entries(path: str, table: names.NameMap) -> Iterator[tuple[int, str,
         if name is None or name.call != 0:
             continue
         found = table.lookup(name.path, name.cls)
-        if found is not None and found[0].compare == "router" and found[2] is not None:
+        if found is not None and found[0].compare in CHOOSERS and found[2] is not None:
             yield found[2], raw, entry
 
 
 def _outputs(entry: dict) -> list[dict]:
+    """An entry's outputs as a list: a tuple's items, or a named output's fields (SGLang's TopK: weights, ids)."""
     output = entry.get("output")
+    if isinstance(output, dict) and output.get("type") != "torch.Tensor":
+        output = list(output.values())
     output = [output] if isinstance(output, dict) else output or []
     return [o if isinstance(o, dict) else {} for o in output]
 
@@ -126,8 +133,21 @@ def _routing_file(dump: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(dump))), ROUTED_EXPERTS_LOG)
 
 
-def inference_choices(pair: Pair) -> dict[int, _Choice]:
-    """Per MoE layer the ids the inference engine chose in the pair's step (its ``routed_experts.jsonl``)."""
+def dumped_choices(dump: str, table: names.NameMap) -> dict[int, _Choice]:
+    """Per MoE layer the expert ids a tensor-mode dump holds: the integer output of its router or top-k module."""
+    choices: dict[int, _Choice] = {}
+    for layer, raw, entry in _router_entries(dump, table):
+        outputs = _outputs(entry)
+        ids = next((o for o in outputs if _is_int(o)), None)
+        loaded = _load(dump, ids) if ids and layer not in choices else None
+        if loaded is not None:
+            choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.output.{outputs.index(ids)}")
+    return choices
+
+
+def inference_choices(pair: Pair, table: names.NameMap) -> dict[int, _Choice]:
+    """Per MoE layer the ids the inference engine chose in the pair's step: its ``routed_experts.jsonl``, else the
+    ids its tensor-mode dump holds (SGLang's TopK output)."""
     import torch
 
     path = _routing_file(pair.generate.dump)
@@ -148,7 +168,7 @@ def inference_choices(pair: Pair) -> dict[int, _Choice]:
                     for layer, ids in record.get("layers", {}).items()
                     if ids
                 }
-    return {}
+    return dumped_choices(pair.generate.dump, table)
 
 
 def _rows(tensor: Any, rows: tuple[int, int] | None) -> Any:
@@ -214,7 +234,7 @@ def judge(result: PairResult, pair: Pair, rows: Sequence[ModuleRow], table: name
     if not routers or result.verdict in (Verdict.FAILED, Verdict.STATISTICS):
         return
     train, why = training_choices(pair.train.dump, table)
-    generate = inference_choices(pair) if not why else {}
+    generate = inference_choices(pair, table) if not why else {}
     layers = []
     for layer in sorted(routers):
         reason = why or (NO_INFERENCE_IDS if layer not in generate else None)

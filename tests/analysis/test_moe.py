@@ -245,3 +245,20 @@ def test_a_mapping_rule_makes_a_router_of_another_name_compared_and_routed(tmp_p
     assert set(gate["status"]) == {Status.COMPARED.value} and gate["train_name"].str.contains("moe_router").all()
     table = routed(with_rule)
     assert set(table["status"]) == {Status.COMPARED.value} and table["flipped"].sum() == 0
+
+
+def test_a_shared_expert_compares_its_parts_and_its_gate(tmp_path):
+    """Qwen2-MoE's gated shared expert (golden ``shared_experts``, statistics): the whole is gated on different
+    sides (HF after the module, vLLM inside), its projections and its gate compare one to one."""
+    results, rows = compare(
+        tmp_path, golden.GOLDEN / "shared_experts" / "actor", golden.GOLDEN / "shared_experts" / "vllm" / "generate"
+    )
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
+    assert list(results["unmatched"]) == [0, 0]
+    for part in ("gate_up_proj", "down_proj"):
+        found = rows[rows["module"] == f"layers.1.mlp.shared_expert.{part}"]
+        assert sorted(found["io"]) == ["input", "input", "output", "output"] and set(found["status"]) == {"compared"}
+    gate = rows[rows["module"] == "layers.1.mlp.shared_expert_gate"]
+    assert set(gate["status"]) == {"compared"} and len(gate) == 4
+    whole = rows[rows["generate_name"].fillna("").str.contains(r"shared_expert\.Qwen2MoeMLP\.forward\.0\.output")]
+    assert set(whole["reason"]) == {names.load().reasons["shared_expert_gated"]}

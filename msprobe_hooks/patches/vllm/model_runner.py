@@ -110,7 +110,7 @@ def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> N
     if not scheduler_output.total_num_scheduled_tokens:
         return
     if _ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
-        state.bind_routing(runner.get_model(), _ctx.guarded)
+        _ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), _ctx.guarded)
     if state.routing is not None:
         state.routing.discard()  # ids of forwards no step of ours covered (a dummy run)
     if state.drive_config is not None and state.debugger is None:

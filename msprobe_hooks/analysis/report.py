@@ -69,8 +69,9 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     if diverging:
         earliest = min(diverging, key=lambda r: r.first_order)
         same = sum(r.first_module == earliest.first_module for r in diverging)
-        if earliest.first_rule == FirstRule.ROUTING:
-            return f"first divergence: {routing.describe(earliest)}; first in {same} of {len(results)} pairs"
+        if earliest.first_rule == FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
+            named = sum(r.first_rule == FirstRule.ROUTING for r in diverging)
+            return f"first divergence: {routing.headline(results)}; routing first in {named} of {len(results)} pairs"
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
             f"({_by_rule(earliest, threshold)}; first in {same} of {len(results)} pairs)"

@@ -29,7 +29,7 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   without the routing switch (``no_routing/``).
 
 * ``moe_sglang/``: the same Qwen3-MoE on SGLang in tensor mode (its ``TopK`` module's expert ids), against
-  ``moe/actor``;
+  ``moe/actor``; cut to its prefill steps and, of its tensors, the expert ids;
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
@@ -251,6 +251,20 @@ def _moe_sglang(work: Path, out: Path) -> None:
     prompts = _prompts(work / "prompts.jsonl", PROMPTS)
     tensor = msprobe_config(work / "tensor.json", task="tensor")
     _copy_tree(run_sglang(work / "sglang", model, prompts, tensor), out / "moe_sglang" / "generate")
+    slim_to_prefill_routing(out / "moe_sglang" / "generate")
+
+
+def slim_to_prefill_routing(root: Path) -> None:
+    """A tensor-mode inference tree cut to what its routing test reads: the prefill steps (the dispatch log
+    says which; SGLang dumps every decode too) and, of the tensors, the TopK modules' expert ids (the rest
+    compares on the statistics of dump.json). About 0.5 MB instead of 6."""
+    for log in root.glob("*/dispatch_log.jsonl"):
+        for line in map(json.loads, log.read_text().splitlines()):
+            if not any(row.get("prefill") for row in line["requests"]):
+                shutil.rmtree(log.parent / f"step{line['step']}", ignore_errors=True)
+    for path in root.rglob("*.pt"):
+        if not (".mlp.topk." in path.name and path.name.endswith(".output.topk_ids.pt")):
+            path.unlink()
 
 
 SETS = {

@@ -90,13 +90,14 @@ def _router_entries(path: str, table: names.NameMap) -> Iterator[tuple[int, str,
             yield found[2], raw, entry
 
 
-def _outputs(entry: dict) -> list[dict]:
-    """An entry's outputs as a list: a tuple's items, or a named output's fields (SGLang's TopK: weights, ids)."""
+def _outputs(entry: dict) -> list[tuple[str, dict]]:
+    """An entry's outputs, labelled as msprobe names them: a tuple's items (``output.2``), or a named output's
+    fields (SGLang's TopK: ``output.topk_ids``)."""
     output = entry.get("output")
     if isinstance(output, dict) and output.get("type") != "torch.Tensor":
-        output = list(output.values())
+        return [(f"output.{k}", v if isinstance(v, dict) else {}) for k, v in output.items()]
     output = [output] if isinstance(output, dict) else output or []
-    return [o if isinstance(o, dict) else {} for o in output]
+    return [(f"output.{i}", o if isinstance(o, dict) else {}) for i, o in enumerate(output)]
 
 
 def _is_int(tensor: dict) -> bool:
@@ -115,12 +116,12 @@ def training_choices(dump: str, table: names.NameMap) -> tuple[dict[int, _Choice
     for layer, raw, entry in _router_entries(dump, table):
         routers += 1
         outputs = _outputs(entry)
-        ids = next((o for o in outputs if _is_int(o)), None)
+        label, ids = next(((k, o) for k, o in outputs if _is_int(o)), ("", None))
         loaded = _load(dump, ids) if ids else None
         if loaded is None:
             continue
-        logits = _load(dump, outputs[0]) if outputs and not _is_int(outputs[0]) else None
-        choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.output.{outputs.index(ids)}", logits)
+        logits = _load(dump, outputs[0][1]) if not _is_int(outputs[0][1]) else None
+        choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.{label}", logits)
     if not routers:
         return choices, NO_TRAINING_ROUTER
     if not choices:
@@ -137,11 +138,10 @@ def dumped_choices(dump: str, table: names.NameMap) -> dict[int, _Choice]:
     """Per MoE layer the expert ids a tensor-mode dump holds: the integer output of its router or top-k module."""
     choices: dict[int, _Choice] = {}
     for layer, raw, entry in _router_entries(dump, table):
-        outputs = _outputs(entry)
-        ids = next((o for o in outputs if _is_int(o)), None)
+        label, ids = next(((k, o) for k, o in _outputs(entry) if _is_int(o)), ("", None))
         loaded = _load(dump, ids) if ids and layer not in choices else None
         if loaded is not None:
-            choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.output.{outputs.index(ids)}")
+            choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.{label}")
     return choices
 
 

@@ -262,3 +262,37 @@ def test_a_shared_expert_compares_its_parts_and_its_gate(tmp_path):
     assert set(gate["status"]) == {"compared"} and len(gate) == 4
     whole = rows[rows["generate_name"].fillna("").str.contains(r"shared_expert\.Qwen2MoeMLP\.forward\.0\.output")]
     assert set(whole["reason"]) == {names.load().reasons["shared_expert_gated"]}
+
+
+def test_sglang_routes_alike_read_from_its_topk_module_in_tensor_mode(tmp_path):
+    """SGLang's CPU engine runs the Qwen3-MoE (golden ``moe_sglang``: tensor mode, no routing switch): its TopK
+    module's ids are its choice, its FusedMoE the experts; nothing unmatched, every token keeps its experts."""
+    results, rows = compare(tmp_path, MOE / "actor", golden.GOLDEN / "moe_sglang" / "generate")
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
+    assert list(results["unmatched"]) == [0, 0]
+    assert list(results["routing_layers"]) == [MOE_LAYERS] * 2 and list(results["routing_flipped"]) == [0, 0]
+    table = routed(tmp_path)
+    assert table["generate_source"].str.endswith("mlp.topk.TopK.forward.0.output.topk_ids").all()
+    topk = rows[rows["generate_name"].fillna("").str.contains(r"\.mlp\.topk\.TopK\.")]
+    assert len(topk) and set(topk["reason"]) == {names.load().reasons["routing"]}
+    experts = rows[
+        rows["generate_name"].fillna("").str.contains(r"\.mlp\.experts\.FusedMoE\.forward\.0\.(input|output)")
+    ]
+    assert len(experts) and set(experts["reason"]) == {names.load().reasons["experts"]}
+
+
+def test_a_flip_on_the_sglang_side_is_found_in_its_topk_ids(tmp_path):
+    """The SGLang tree with one token of layer 2 sent to other experts (its TopK ids file edited): found there."""
+    import torch
+
+    generate = tmp_path / "generate"
+    shutil.copytree(golden.GOLDEN / "moe_sglang" / "generate", generate)
+    (path,) = sorted(generate.glob("*/step0/rank0/dump_tensor_data/*.layers.2.mlp.topk.*.topk_ids.pt"))
+    ids = torch.load(path)
+    unused = next(e for e in range(8) if e not in ids[0].tolist())
+    ids[0, 1] = unused
+    torch.save(ids, path)
+    results, _ = compare(tmp_path, MOE / "actor", generate)
+    table = routed(tmp_path)
+    assert table[table["flipped"] > 0][["pair", "layer", "flipped"]].values.tolist() == [[0, 2, 1]]
+    assert list(results["routing_layer"].dropna()) == [2.0]

@@ -39,8 +39,8 @@ for run in "moe 2" "moe-router 1"; do
 		VLLM_RPC_BASE_PATH=$rpc quietly "vllm-$1" "$vllm_bin/msprobe-hooks" run -- "$vllm_bin/python" \
 		vllm_generate.py "$out/inputs/$1" "$prompts" --tensor-parallel-size "$2"
 	echo "== align + compare"
-	"$train_bin/msprobe-hooks" align "$out/train/actor" "$out/$1/generate" -o "$out/$1/pairs.jsonl" | head -n 1
-	"$train_bin/msprobe-hooks" compare "$out/$1/pairs.jsonl" -o "$out/$1/report" | head -n 2
+	"$train_bin/msprobe-hooks" align "$out/train/actor" "$out/$1/generate" -o "$out/$1/pairs.jsonl" | sed -n 1p
+	"$train_bin/msprobe-hooks" compare "$out/$1/pairs.jsonl" -o "$out/$1/report" | sed -n 1,2p
 done
 echo
 echo "expected: routing agrees on inputs/moe; on inputs/moe-router: $(cd .. && "$train_bin/python" -c \

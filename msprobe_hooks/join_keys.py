@@ -15,6 +15,8 @@ from collections.abc import Iterable
 # The logs, one file per process under {dump root}/{pid}/, and their ``source`` values (the published recipe's).
 TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
 TRAINING_SOURCE = "update_actor"
+GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor log-prob pass with rollout log-probs
+GAP_SOURCE = "logprob_gap"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
 DISPATCH_SOURCE = "dispatch_logger"
 

@@ -11,9 +11,16 @@ Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` 
 * ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
 * ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
 * ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob``;
+* ``rollout_log_probs``: every sample carries the rollout's log-probs (near the tiny model's, ``-ln(vocab)``,
+  with a seeded spread of ±0.3, so some tokens are over the gap threshold and some under);
+* ``request_ids``: the request id of each global sample, instead of ``random_samples``' own;
+* ``masked``: ``[[global sample, response token], ...]`` whose ``response_mask`` is 0 (tool tokens);
+* ``layout``: ``"v1"`` (the default, ``verl_cpu.make_batch``) or ``"v0"`` (the DataProto path,
+  ``support.verl_batches.v0_engine_batch``);
 * ``out``: the folder for the report.
 
-Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits"}``
+Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits",
+"fed"}``, ``fed`` being this rank's samples as the batch gave them (``rollout_log_probs``, ``response_mask``)
 (a file per rank: verl prints to stdout too, and two ranks would interleave).
 """
 
@@ -35,9 +42,35 @@ if SPEC.get("fail_msprobe_start"):
     PrecisionDebugger.start = _failing_start
 
 
-# Run as a file: the repository root (cpu_kit) goes on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# Run as a file: the repository root (cpu_kit) and tests/ (support) go on sys.path.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]
 from cpu_kit import verl_cpu  # noqa: E402
+
+
+def _with_rollout(samples: list, seed: int) -> list:
+    """``samples`` with rollout log-probs near the tiny random model's own (about ``-ln(vocab)`` each)."""
+    import math
+    from dataclasses import replace
+
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + seed)
+    centre = -math.log(verl_cpu.VOCAB_SIZE)
+    return [
+        replace(s, rollout_log_probs=tuple((centre + 0.6 * torch.rand(len(s.response), generator=gen) - 0.3).tolist()))
+        for s in samples
+    ]
+
+
+def _mask_tokens(batch, tokens: list[tuple[int, int]]) -> None:
+    """Set ``response_mask`` to 0 at (sample, response token) of ``batch``: jagged (v1) or dense (v0)."""
+    mask = batch["response_mask"]
+    for sample, token in tokens:
+        if mask.is_nested:
+            mask.values()[int(mask.offsets()[sample]) + token] = 0
+        else:
+            mask[sample, token] = 0
 
 
 def main() -> None:
@@ -48,6 +81,15 @@ def main() -> None:
         prompt_lens=SPEC.get("prompt_lens", (5, 7, 4, 6)),
         response_lens=SPEC.get("response_lens", (3, 4)),
     )
+    if SPEC.get("request_ids"):
+        samples = [
+            verl_cpu.Sample(s.prompt, s.response, s.uid, s.session_id, request_id)
+            for s, request_id in zip(samples, SPEC["request_ids"], strict=True)
+        ]
+    if SPEC.get("rollout_log_probs"):
+        samples = _with_rollout(samples, SPEC.get("seed", 0))
+    per_rank = len(samples) // world_size
+    masked = [(i - rank * per_rank, j) for i, j in SPEC.get("masked", []) if i // per_rank == rank]
     mine = verl_cpu.shard(samples, rank, world_size)
     if SPEC.get("padding_on_rank") == rank:
         mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
@@ -65,6 +107,22 @@ def main() -> None:
             )
         return engines[role]
 
+    def make_batch():
+        if SPEC.get("layout", "v1") == "v0":
+            from support.verl_batches import v0_engine_batch
+
+            batch = v0_engine_batch(mine, micro_batch_size=micro, **flags)
+        else:
+            batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
+        _mask_tokens(batch, masked)
+        return batch
+
+    fed = make_batch()
+    rollout = fed.get("rollout_log_probs", None)
+    fed_samples = [
+        {"rollout_log_probs": None if rollout is None else rollout[i].tolist(), "response_mask": mask.tolist()}
+        for i, mask in enumerate(fed["response_mask"].unbind())
+    ]
     logits: list[list] = []
     results = []
     for op in SPEC["ops"]:
@@ -79,7 +137,7 @@ def main() -> None:
                 logits.append(output.logits.detach()[0].tolist())
 
         handle = eng.module.register_forward_hook(hook, with_kwargs=True)
-        batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
+        batch = make_batch()
         if action == "log_prob":
             result = {"log_probs": [t.tolist() for t in verl_cpu.log_probs(eng, batch)]}
         elif action == "values":
@@ -92,7 +150,7 @@ def main() -> None:
         handle.remove()
         result.update(op=op, forward_tokens=calls)
         results.append(result)
-    report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits}
+    report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits, "fed": fed_samples}
     with open(os.path.join(SPEC["out"], f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
 

@@ -71,7 +71,7 @@ def _assert_same_outputs(run: EngineRun, baseline: EngineRun, indices: range) ->
             assert got.get(key) == want.get(key), f"{got['op']} {key} differs with DUMP_ON=1"
 
 
-def _expected_sample(index: int) -> dict:
+def _expected_sample(index: int, offset: int = 0) -> dict:
     sample = SAMPLES[index]
     return {
         "uid": sample.uid,
@@ -81,7 +81,13 @@ def _expected_sample(index: int) -> dict:
         "prompt_len": len(sample.prompt),
         "prompt_hash": join_keys.prompt_hash(sample.prompt),
         "seq_len": len(sample.prompt) + len(sample.response),
+        "offset": offset,  # in its micro-batch's packed input
+        "response_len": len(sample.response),
     }
+
+
+def _seq_len(index: int) -> int:
+    return len(SAMPLES[index].prompt) + len(SAMPLES[index].response)
 
 
 def _sample_fields(line: dict) -> list[dict]:
@@ -99,9 +105,9 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -
     assert [line["step"] for line in lines] == run.steps() == [0, 1, 2, 3]
     first = lines[0]
     assert first["source"] == "update_actor" and first["rank"] == 0 and first["global_step"] == 1
-    assert _sample_fields(first) == [_expected_sample(0), _expected_sample(1)]
+    assert _sample_fields(first) == [_expected_sample(0), _expected_sample(1, offset=_seq_len(0))]
     assert first["request_ids"] == [SAMPLES[0].request_id, SAMPLES[1].request_id] and first["num_requests"] == 2
-    assert _sample_fields(lines[1]) == [_expected_sample(2), _expected_sample(3)]
+    assert _sample_fields(lines[1]) == [_expected_sample(2), _expected_sample(3, offset=_seq_len(2))]
     # Each dump holds its micro-batch: both samples packed into one sequence.
     packed = len(SAMPLES[0].prompt + SAMPLES[0].response + SAMPLES[1].prompt + SAMPLES[1].response)
     embedding = run.dump(0)["Module.model.embed_tokens.FSDPEmbedding.forward.0"]
@@ -109,6 +115,9 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -
     assert not any("backward" in name for name in run.dump(0))
     # Log-prob dumps only: every output of every engine, the update included, is bit-identical.
     _assert_same_outputs(run, baseline, range(len(OPS)))
+    # No rollout log-probs in these batches: no gap log, and no line about it.
+    assert not list(run.dump_root.glob(f"*/{join_keys.GAP_LOG}"))
+    assert "log-prob gap" not in run.stderr
 
 
 def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_filter(runs) -> None:
@@ -118,7 +127,7 @@ def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_f
     lines = run.log_lines()
     assert [(line["step"], line["phase"], line["micro_batch"]) for line in lines] == [(1, "update_actor", 1)]
     assert run.steps() == [1]
-    assert _sample_fields(lines[0]) == [_expected_sample(2), _expected_sample(3)]
+    assert _sample_fields(lines[0]) == [_expected_sample(2), _expected_sample(3, offset=_seq_len(2))]
     names = list(run.dump(1))
     assert any(name.endswith(".backward") for name in names), "the update dump lacks its backward"
     assert names.index(next(n for n in names if n.endswith(".backward"))) > 0

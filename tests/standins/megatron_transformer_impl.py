@@ -12,6 +12,9 @@ classes derive from verl's ``BaseEngine`` as the real ones do.
 ``MegatronEngineWithLMHead.forward_step`` reads the micro-batch as verl's does where the patch's
 prompt-only micro-batches depend on it: ``loss_mask`` may be no longer than ``input_ids`` (verl's
 MTP loss-mask builders assert it), ``forced_max_seqlen`` pads the input (verl 0.9's BSHD path).
+Its ``postprocess_micro_batch_func`` returns what verl's does where the log-prob gap reads it:
+``model_output["log_probs"]``, jagged as ``input_ids``, entry ``t`` the log-prob of token ``t + 1``
+(here among the chunk's ``hidden`` outputs, the token id taken modulo their number).
 """
 
 from __future__ import annotations
@@ -91,7 +94,17 @@ class MegatronEngineWithLMHead(MegatronEngine):
 
     def postprocess_micro_batch_func(self, output, data, forward_only, loss_function, local_cp_size=None):
         loss = output.pow(2).mean() if loss_function is not None else torch.tensor(1.0)
-        return loss, {"loss": float(loss.detach()), "model_output": output.detach()}
+        return loss, {"loss": float(loss.detach()), "model_output": self.prepare_model_outputs(output.detach(), data)}
+
+    def prepare_model_outputs(self, output, data):
+        input_ids = data["input_ids"]
+        lengths = input_ids.offsets().diff().tolist()
+        rows = (
+            output[0] if output.shape[0] == 1 else torch.cat([row[:n] for row, n in zip(output, lengths, strict=True)])
+        )
+        labels = torch.roll(input_ids.values(), -1) % rows.shape[-1]
+        log_probs = rows.log_softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return {"log_probs": torch.nested.nested_tensor_from_jagged(log_probs, input_ids.offsets())}
 
 
 class MegatronEngineWithValueHead(MegatronEngineWithLMHead):
@@ -99,3 +112,6 @@ class MegatronEngineWithValueHead(MegatronEngineWithLMHead):
         batch = next(batch_iter)
         values = model(batch["input_ids"].values().unsqueeze(0)).sum(-1)
         return values, partial(postprocess_micro_batch_func, data=batch)
+
+    def prepare_model_outputs(self, output, data):
+        return {"values": output}

@@ -6,6 +6,7 @@ Run by ``tests/training/test_verl_megatron_standin.py`` as
 The spec:
 
 * ``samples``: ``count``/``seed``/``prompt_lens``/``response_lens`` of the global sample set (split over ranks);
+  ``rollout_log_probs``: each carries the rollout's log-probs, ``-2 - 0.1 j`` for response token ``j``;
 * ``keep``: ``{rank: n}``, that rank keeps only its first n samples;
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
 * ``scenarios``: one pass each, in order: ``name``; ``engine``: ``value_head``, ``forward_only``
@@ -26,6 +27,7 @@ import importlib
 import json
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 SPEC = json.loads(sys.argv[1])
@@ -39,6 +41,12 @@ from msprobe_hooks import patching  # noqa: E402
 from msprobe_hooks.training.actor_dump import DumpRefused  # noqa: E402
 from support.megatron_standin import TARGET  # noqa: E402
 from support.megatron_standin import install as install_standin  # noqa: E402
+
+
+def _plain(model_output: dict) -> list:
+    """The one tensor of a micro-batch's model output (log-probs, jagged; or values) as a list."""
+    (tensor,) = model_output.values()
+    return (tensor.values() if tensor.is_nested else tensor).tolist()
 
 
 def loss_function(**kwargs):
@@ -57,6 +65,8 @@ def main() -> None:
         prompt_lens=rows.get("prompt_lens", (5, 7, 4, 6)),
         response_lens=rows.get("response_lens", (3, 4)),
     )
+    if rows.get("rollout_log_probs"):
+        samples = [replace(s, rollout_log_probs=tuple(-2.0 - 0.1 * j for j in range(len(s.response)))) for s in samples]
     mine = verl_cpu.shard(samples, rank, world_size)[: SPEC.get("keep", {}).get(str(rank))]
     if SPEC.get("padding_on_rank") == rank:
         mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
@@ -88,7 +98,7 @@ def main() -> None:
             with torch.enable_grad() if not forward_only or scenario.get("grad") else torch.no_grad():
                 metas = engine.forward_backward_batch(batch, None if forward_only else loss_function, forward_only)
             outcomes[name] = "ok"
-            outputs[name] = [meta["model_output"].tolist() for meta in metas]
+            outputs[name] = [_plain(meta["model_output"]) for meta in metas]
         except DumpRefused as exc:
             outcomes[name] = "refused: " + str(exc)
         finally:

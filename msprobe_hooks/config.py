@@ -348,8 +348,8 @@ VARIABLES: tuple[Variable, ...] = (
         "gap_threshold",
         PositiveFloat(),
         "0.1",
-        "|old_log_prob - rollout_log_prob| of one response token above which logprob_gap.jsonl counts it in "
-        "`over` (the line's max and mean do not depend on it).",
+        "The log-prob gap, abs(old_log_prob - rollout_log_prob), of one response token above which "
+        "logprob_gap.jsonl counts it in `over` (the line's max and mean do not depend on it).",
     ),
     Variable(
         PREFIX + "OUTPUT_DIR",

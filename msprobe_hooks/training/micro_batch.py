@@ -273,4 +273,4 @@ def packs_samples(micro_batch: Any) -> bool:
     input, the default) rather than padding each to a row of its own."""
     from verl.utils import tensordict_utils as tu
 
-    return bool(tu.get_non_tensor_data(micro_batch, "use_remove_padding", True))
+    return bool(tu.get(micro_batch, "use_remove_padding", True))

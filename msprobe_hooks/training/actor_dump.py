@@ -410,11 +410,9 @@ class ActorDumper:
         import torch
 
         cfg = current.patch.config
-        with torch.no_grad():
-            gaps = logprob_gap.statistics(log_probs, micro_batch, cfg.gap_threshold)
         samples = describe_samples(micro_batch)
-        if len(samples) != len(gaps):
-            raise ValueError(f"{len(gaps)} gaps for {len(samples)} samples")
+        with torch.no_grad():
+            gaps = logprob_gap.statistics(log_probs, micro_batch, samples, cfg.gap_threshold)
         global_step = global_step_of(micro_batch)
         if self._gap_log is None:
             self._gap_log = JsonlLog(self.dump_root(cfg)[1], join_keys.GAP_LOG)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from msprobe_hooks.training.micro_batch import prompt_lengths, row_lengths
+from msprobe_hooks.training.micro_batch import SampleInfo, row_lengths
 
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # verl's key, in both trainers
 _MASK_KEYS = ("response_mask", "loss_mask")  # loss_mask: verl's alias of it (left_right_2_no_padding)
@@ -72,8 +72,9 @@ def _rows(tensor: Any, lengths: list[int], what: str) -> Any:
     return torch.cat([row[:length] for row, length in zip(tensor, lengths, strict=True)])
 
 
-def statistics(log_probs: Any, micro_batch: Any, threshold: float) -> list[SampleGap]:
-    """The gap of every sample of ``micro_batch`` from the engine's ``log_probs`` (jagged, the whole sequence).
+def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], threshold: float) -> list[SampleGap]:
+    """The gap of every sample of ``micro_batch`` (``samples``, as :func:`describe_samples` reads them) from the
+    engine's ``log_probs`` (jagged, the whole sequences, packed in the micro-batch's order).
 
     ``micro_batch`` is the engine's own, holding ``rollout_log_probs``. Raises ValueError for a layout
     whose rows do not line up with the responses.
@@ -81,60 +82,51 @@ def statistics(log_probs: Any, micro_batch: Any, threshold: float) -> list[Sampl
     import torch
 
     values = log_probs.values() if log_probs.is_nested else log_probs.reshape(-1)
-    sequence_lens = row_lengths(micro_batch["input_ids"])
-    response_lens = [s - p for s, p in zip(sequence_lens, prompt_lengths(micro_batch), strict=True)]
-    if values.shape[0] != sum(sequence_lens):
-        raise ValueError(f"the log-probs hold {values.shape[0]} tokens, the micro-batch {sum(sequence_lens)}")
+    if values.shape[0] != sum(s.seq_len for s in samples):
+        raise ValueError(
+            f"the log-probs hold {values.shape[0]} tokens, the micro-batch {sum(s.seq_len for s in samples)}"
+        )
+    response_lens = [s.response_len for s in samples]
     mask = next((micro_batch.get(key) for key in _MASK_KEYS if micro_batch.get(key, None) is not None), None)
     rollout = _rows(micro_batch[ROLLOUT_LOG_PROBS], response_lens, ROLLOUT_LOG_PROBS)
-    if mask is None:
-        counted = torch.ones_like(rollout, dtype=torch.bool)
-    else:
-        counted = _rows(mask, response_lens, "response_mask") != 0
+    counted = (
+        torch.ones_like(rollout, dtype=torch.bool) if mask is None else _rows(mask, response_lens, "response_mask")
+    )
+    tokens = int(rollout.shape[0])
 
-    # Per response token: its sample, its index j in the response, its entry in the packed log-probs.
-    count = len(response_lens)
-    lengths = torch.tensor(response_lens, dtype=torch.long)
-    sample = torch.repeat_interleave(torch.arange(count), lengths, output_size=int(rollout.shape[0]))
-    starts = torch.cumsum(lengths, 0) - lengths
-    index = torch.arange(int(rollout.shape[0])) - starts[sample]
-    ends = torch.cumsum(torch.tensor(sequence_lens, dtype=torch.long), 0)
-    entry = (ends - lengths - 1)[sample] + index
-
+    # Response token k of the flat rows is token j = k - starts[i] of sample i, whose log-prob is entry
+    # offset_i + prompt_len_i - 1 + j of the packed log-probs: k + shift[i].
+    # Built on the log-probs' device: on the host, torch would wake its thread pool for these few numbers.
     device = values.device
-    sample, index, entry = (t.to(device, non_blocking=True) for t in (sample, index, entry))
-    rollout, counted = rollout.to(device, non_blocking=True), counted.to(device, non_blocking=True)
+    starts = [sum(response_lens[:i]) for i in range(len(samples))]
+    shift = [s.offset + s.prompt_len - 1 - start for s, start in zip(samples, starts, strict=True)]
+    lengths = torch.tensor(response_lens, device=device)
+    sample = torch.repeat_interleave(torch.arange(len(samples), device=device), lengths, output_size=tokens)
+    flat = torch.arange(tokens, device=device)
+    entry = flat + torch.tensor(shift, device=device)[sample]
+    counted = counted.to(device, non_blocking=True) != 0
+    rollout = rollout.to(device, non_blocking=True).float()
     old = values[entry].float()
-    rollout = rollout.float()
     gap = (old - rollout).abs()
     probs = (old.exp() - rollout.exp()).abs()  # verl: |exp(old_log_probs) - exp(rollout_log_probs)|
 
-    def per_sample(reduce: str, source: Any, empty: float) -> Any:
-        out = torch.full((count,), empty, dtype=source.dtype, device=device)
-        return out.scatter_reduce(0, sample, source, reduce, include_self=True)
+    rows = (2, len(samples))
+    # Maxima of the counted tokens (both are >= 0: -1 stands for none) ...
+    shown = torch.where(counted, torch.stack([gap, probs]), -1.0)
+    top = torch.full(rows, -1.0, device=device).scatter_reduce(1, sample.expand(2, -1), shown, "amax")
+    # ... the first token of each sample that reaches its maximum ...
+    firsts = torch.where(counted & (shown[0] == top[0][sample]), flat, tokens)
+    first = torch.full(rows[1:], tokens, device=device).scatter_reduce(0, sample, firsts, "amin")
+    # ... and the counts and sums, in float64.
+    weight = counted.double()
+    parts = torch.stack([weight, gap.double() * weight, probs.double() * weight, weight * (gap.double() > threshold)])
+    sums = torch.zeros((4, rows[1]), dtype=torch.float64, device=device).index_add_(1, sample, parts)
+    table = torch.cat([sums, top.double(), first.double().unsqueeze(0)]).T.tolist()  # the one transfer back
 
-    weight = counted.to(torch.float64)
-    shown_gap = torch.where(counted, gap, -1.0)  # gaps are >= 0: -1 never wins a max
-    gap_max = per_sample("amax", shown_gap, -1.0)
-    first_max = torch.where(counted & (shown_gap == gap_max[sample]), index, torch.iinfo(torch.long).max)
-    table = torch.stack(
-        [
-            per_sample("sum", weight, 0.0),
-            gap_max.double(),
-            per_sample("sum", gap.double() * weight, 0.0),
-            per_sample("amin", first_max, torch.iinfo(torch.long).max).double(),
-            per_sample("sum", (counted & (gap.double() > threshold)).to(torch.float64), 0.0),
-            per_sample("amax", torch.where(counted, probs, -1.0), -1.0).double(),
-            per_sample("sum", probs.double() * weight, 0.0),
-        ],
-        dim=1,
-    )
     gaps = []
-    for tokens, top, total, argmax, over, probs_top, probs_total in table.tolist():  # the one transfer back
-        if not tokens:
+    for (n, total, probs_total, over, gap_max, probs_max, k), start in zip(table, starts, strict=True):
+        if not n:
             gaps.append(SampleGap(0, None, None, None, 0, None, None))
             continue
-        gaps.append(
-            SampleGap(int(tokens), top, total / tokens, int(argmax), int(over), probs_top, probs_total / tokens)
-        )
+        gaps.append(SampleGap(int(n), gap_max, total / n, int(k) - start, int(over), probs_max, probs_total / n))
     return gaps

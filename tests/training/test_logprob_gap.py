@@ -20,6 +20,7 @@ from verl.workers.utils.padding import no_padding_2_padding, response_from_neste
 
 from cpu_kit import verl_cpu
 from msprobe_hooks.training import logprob_gap
+from msprobe_hooks.training.micro_batch import describe_samples
 
 THRESHOLD = 0.1
 
@@ -74,7 +75,7 @@ def test_v1_jagged_rows_with_a_masked_token() -> None:
     assert batch["rollout_log_probs"].is_nested and batch["response_mask"].is_nested
     batch["response_mask"].values()[3 + 1] = 0  # sample 1's second response token: a tool token
     log_probs = _log_probs(batch)
-    gaps = logprob_gap.statistics(log_probs, batch, THRESHOLD)
+    gaps = logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD)
     # What verl's v1 trainer does after the pass: the response log-probs, padded.
     old = response_from_nested(log_probs, batch["response_mask"]).to_padded_tensor(0.0)
     rollout = batch["rollout_log_probs"].to_padded_tensor(0.0)
@@ -94,7 +95,7 @@ def test_v1_dense_rows_when_every_response_has_one_length() -> None:
     rows = log_probs.unbind()
     old = torch.stack([row[len(s.prompt) - 1 : len(s.prompt) - 1 + 3] for row, s in zip(rows, samples, strict=True)])
     _assert_matches(
-        logprob_gap.statistics(log_probs, batch, THRESHOLD),
+        logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD),
         _expected(old, batch["rollout_log_probs"], batch["response_mask"]),
     )
 
@@ -106,7 +107,7 @@ def test_v0_padded_rows_after_left_right_2_no_padding() -> None:
     assert tuple(batch["rollout_log_probs"].shape) == (4, 5) and not batch["response_mask"].is_nested
     batch["response_mask"][0, 2] = 0
     log_probs = _log_probs(batch)
-    gaps = logprob_gap.statistics(log_probs, batch, THRESHOLD)
+    gaps = logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD)
     old = no_padding_2_padding(log_probs, batch)  # what RayPPOTrainer._compute_old_log_prob keeps
     expected = _expected(old, batch["rollout_log_probs"], batch["response_mask"])
     _assert_matches(gaps, expected)
@@ -126,7 +127,7 @@ def test_a_sample_with_no_counted_token_and_the_argmax_of_a_tie() -> None:
     old = log_probs.unbind()[1][p - 1 : p + 3]
     rollout = batch["rollout_log_probs"].values()[3:]
     rollout[:] = old + torch.tensor([0.05, -0.5, 0.2, 0.5])
-    gaps = logprob_gap.statistics(log_probs, batch, THRESHOLD)
+    gaps = logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD)
     assert gaps[0] == logprob_gap.SampleGap(0, None, None, None, 0, None, None)
     top = float((old - rollout).abs().max())
     assert gaps[1].argmax == 1 and gaps[1].max == top and gaps[1].over == 3
@@ -138,7 +139,7 @@ def test_rows_that_do_not_line_up_with_the_responses_are_refused() -> None:
     short = [torch.zeros(3), torch.zeros(3)]  # the second sample's response has 4 tokens
     batch["rollout_log_probs"] = torch.nested.as_nested_tensor(short, layout=torch.jagged)
     with pytest.raises(ValueError, match="rollout_log_probs has rows of \\[3, 3\\] tokens, the responses \\[3, 4\\]"):
-        logprob_gap.statistics(_log_probs(batch), batch, THRESHOLD)
+        logprob_gap.statistics(_log_probs(batch), batch, describe_samples(batch), THRESHOLD)
 
 
 def test_the_cpu_kit_puts_the_rollout_log_probs_in_the_v1_layout() -> None:

@@ -1,5 +1,5 @@
 """A verl micro-batch as the engines get it: its samples (prompt, ids, keys), the TensorDict layouts of
-both trainers, and a sample cut to its prompt alone (the prompt-only forward's input).
+both trainers, and a sample alone, cut to its prompt or whole (the extra forwards' inputs).
 
 verl's v1 trainer (TransferQueue) hands the engine jagged tensors with per-sample fields; the v0
 trainer (DataProto) dense, left-padded prompts with an attention mask. Nothing here imports torch or

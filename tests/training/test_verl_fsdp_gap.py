@@ -185,3 +185,12 @@ def test_a_packed_micro_batch_dump_gives_each_samples_offset_in_its_input_ids(tm
         assert ids[start : start + record["seq_len"]] == list(sample.prompt + sample.response)
         assert ids[start + record["prompt_len"] : start + record["seq_len"]] == list(sample.response)
         assert record["response_len"] == len(sample.response)
+
+
+def test_naming_no_real_request_logs_the_gap_alone(tmp_path, model_dir, baseline):
+    # docs/training.md's way to log the gap without dumping anything: every pass is due, none is dumped.
+    spec = {"ops": ["actor.log_prob", "actor.update"]}
+    run = _run(tmp_path, model_dir, spec, DUMP_PHASE="all", DUMP_REQUEST_IDS="none")
+    _assert_same_log_probs(run, baseline)
+    assert run.steps() == [] and run.log_lines() == []
+    assert len(_gap_lines(run)) == 4  # the log-prob pass only

@@ -1,10 +1,14 @@
-"""A verl v0 trainer batch (DataProto) as verl's agent loop assembles it, with the trim's expected result.
+"""A verl v0 trainer batch (DataProto) as verl's agent loop assembles it, with the trim's expected result,
+and the same kind of batch as the v0 trainer hands it to the engine (:func:`v0_engine_batch`).
 
 Built independently of the trim: left-padded prompts, right-padded responses; what the published
 recipe's trim must leave is, by construction, the prompt block alone.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,7 +69,7 @@ def v0_batch(mrope: bool) -> tuple[DataProto, dict[str, torch.Tensor]]:
     return batch, expected
 
 
-def v0_engine_batch(samples, micro_batch_size: int = 2, global_step: int = 1, **flags):
+def v0_engine_batch(samples: Sequence[Any], micro_batch_size: int = 2, global_step: int = 1, **flags: Any) -> Any:
     """What verl's v0 trainer hands the engine's log-prob pass for ``samples`` (``cpu_kit.verl_cpu.Sample``).
 
     The DataProto as the agent loop pads it (left-padded prompts, right-padded responses, the rollout's

@@ -15,10 +15,12 @@ from collections.abc import Iterable
 # The logs, one file per process under {dump root}/{pid}/, and their ``source`` values (the published recipe's).
 TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
 TRAINING_SOURCE = "update_actor"
+GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor log-prob pass with rollout log-probs
+GAP_SOURCE = "logprob_gap"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
-GAP_LOG = "logprob_gap.jsonl"  # one line per sample of a log-prob pass: its token gap to the rollout
-# What a training window holds (its log line's "dump"): a micro-batch's forward, or one sample's prompt alone.
-MICRO_BATCH_WINDOW, PROMPT_WINDOW = "micro_batch", "prompt"
+# What a training window holds (its log line's "dump"): a micro-batch's forward, one sample's prompt alone
+# (PROMPTS_ONLY=1), or one sample's whole sequence (DUMP_SEQUENCES=1).
+MICRO_BATCH_WINDOW, PROMPT_WINDOW, SEQUENCE_WINDOW = "micro_batch", "prompt", "sequence"
 DISPATCH_SOURCE = "dispatch_logger"
 
 _VLLM_SUFFIX = re.compile(r"^(?P<base>.+)-[0-9a-f]{8}$")

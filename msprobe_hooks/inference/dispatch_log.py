@@ -134,10 +134,11 @@ def step_line(
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
     return (
-        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","time":{clock()},"pid":{os.getpid()},'
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{os.getpid()},'
         f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
         f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
-        f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}]}}'
+        f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}],'
+        f'"time":{clock()}}}'  # ours, after the published fields
     )
 
 

@@ -303,7 +303,6 @@ class ActorDumper:
         record = {
             "source": join_keys.TRAINING_SOURCE,
             "timestamp": join_keys.timestamp(),
-            "time": join_keys.clock(),
             "pid": os.getpid(),
             "rank": debugger_module.dump_rank(debugger),
             "step": window.step,
@@ -312,6 +311,7 @@ class ActorDumper:
             "request_ids": request_ids,
             "num_requests": len(request_ids),
             "samples": [sample.as_record() for sample in samples],
+            "time": join_keys.clock(),  # ours, after the published fields: orders lines across processes
         }
         assert self._log is not None
         try:

@@ -40,6 +40,7 @@ RECORD_FIELDS = [
     "num_requests",
     "prefill_requests",
     "requests",
+    "time",  # ours, after the published fields
 ]
 REQUEST_FIELDS = [
     "request_id",

@@ -35,7 +35,7 @@ from msprobe_hooks.training import prompts_only
 ctx = PatchContext("verl.trim_ray_trainer", None, bootstrap.current_config())
 batch = {"input_ids": "whole"}
 for _ in range(2):
-    prompts_only.trim_before_old_log_prob(ctx, bootstrap.current_config(), {}, fail)
+    prompts_only.trim_before_old_log_prob(ctx, {}, fail)
 print(json.dumps({"result": batch["input_ids"]}))
 """,
         {"PROMPTS_ONLY": "trim"},

@@ -18,8 +18,11 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``verdict/``: fp32 training (``actor/``) against vLLM in fp32 and bf16 on the demo's 4-layer model
   (hidden 128, 4 prompts), clean and with one weight scaled (``VERDICT_CASES``): the proof of the verdict
   rules on real pairs.
+* ``megatron/``: verl's real Megatron engine (bf16, the local layer spec; ``make install-megatron``) at
+  TP 1 (``tp1/``) and TP 2 (``tp2/``, a rank folder each) on the demo's model and prompts, against vLLM
+  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``) and on the demo's perturbed copy (``vllm_perturbed/``).
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``) and leaves the others.
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``megatron``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -160,7 +163,21 @@ def _verdict(work: Path, out: Path) -> None:
         _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
 
 
-SETS = {"namings": _namings, "verdict": _verdict}
+def _megatron(work: Path, out: Path) -> None:
+    from cpu_kit.demo_inputs import build_models, write_prompts
+
+    model, perturbed = build_models(work / "inputs")
+    prompts = write_prompts(work / "prompts.jsonl")
+    stats = msprobe_config(work / "statistics.json")
+    for tp in (1, 2):
+        tree = run_training(work / f"tp{tp}", model, prompts, stats, engine="megatron", tensor_parallel=tp)
+        _copy_tree(tree, out / "megatron" / f"tp{tp}" / "actor")
+    for name, weights, dtype in (("vllm", model, "float32"), ("vllm_bf16", model, "bfloat16"),
+                                 ("vllm_perturbed", perturbed, "float32")):  # fmt: skip
+        _copy_tree(run_vllm(work / name, weights, prompts, stats, dtype), out / "megatron" / name / "generate")
+
+
+SETS = {"namings": _namings, "verdict": _verdict, "megatron": _megatron}
 
 
 def main() -> int:

@@ -170,6 +170,14 @@ def _compile(segments: list[str]) -> re.Pattern[str]:
     return re.compile(r"(?:^|\.)" + r"\.".join(pieces) + "$")
 
 
+_LAYER_NUMBER = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
+
+
+def shift_layers(module: str, offset: int) -> str:
+    """``module`` with its decoder layer moved by ``offset``: a pipeline stage's own numbering made the model's."""
+    return _LAYER_NUMBER.sub(lambda m: f"{m.group(1)}layers.{int(m.group(2)) + offset}", module, count=1)
+
+
 def _instantiate(template: str, layer: int | None) -> str:
     return template.replace("{layer}", str(layer)) if layer is not None else template
 

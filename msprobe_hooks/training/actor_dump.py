@@ -68,6 +68,7 @@ class Pass:
     actor: bool = False  # an actor engine's pass (dumped or not): its log-prob passes get the gap log
     micro_batch: int = -1  # index of the micro-batch in progress
     gap_batch: Any = None  # Megatron: the micro-batch taken in forward_step, for the gap in its postprocess
+    line_fields: dict[str, Any] = field(default_factory=dict)  # the engine's own fields of its log lines
 
     @property
     def wants_gap(self) -> bool:
@@ -225,7 +226,7 @@ class ActorDumper:
         self.close()
         step = debugger_module.next_step(debugger)
         debugger.start(model=model)
-        fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
+        fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump, **current.line_fields}
         recording = debugger_module.is_recording()
         self._window = DumpWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
 
@@ -311,7 +312,9 @@ class ActorDumper:
             "request_ids": request_ids,
             "num_requests": len(request_ids),
             "samples": [sample.as_record() for sample in samples],
-            "time": join_keys.clock(),  # ours, after the published fields: orders lines across processes
+            # ours, after the published fields: the prompt hashes' definition, and a clock to order lines by
+            join_keys.PROMPT_HASH_VERSION_FIELD: join_keys.PROMPT_HASH_VERSION,
+            "time": join_keys.clock(),
         }
         assert self._log is not None
         try:

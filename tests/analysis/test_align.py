@@ -220,7 +220,8 @@ def test_prompt_hash_rule_when_the_engine_gives_no_id(training, gen, tmp_path):
         gen.step(n, [full_prefill(sample, request_id=None)])
     status, out, err, found = align(training, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
-    assert keys(found) == [("prompt_hash", prompt_hash(s.prompt), n, n, 0) for n, s in enumerate(SAMPLES)]
+    # The key is the hash as align joins it: with its definition's version (v2, SHA-1 over the ids' bytes).
+    assert keys(found) == [("prompt_hash", f"{prompt_hash(s.prompt)}/v2", n, n, 0) for n, s in enumerate(SAMPLES)]
     assert "(prompt_hash: 4)" in out
 
 

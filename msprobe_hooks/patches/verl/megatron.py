@@ -34,9 +34,21 @@ from typing import Any
 
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
+from msprobe_hooks.join_keys import LAYER_OFFSET
 from msprobe_hooks.training import prompts_only
 from msprobe_hooks.training.actor_dump import MICRO_BATCH, DumpRefused, dumper, extra_forward_kinds
 from msprobe_hooks.training.micro_batch import is_trimmed, packs_samples
+
+
+def first_layer_offset(chunks: Any) -> int | None:
+    """The global index of the first decoder layer of this rank's first model chunk (megatron-core's
+    ``TransformerLayer.layer_number`` is global and counts from 1); None when it holds no decoder layer."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            layers = getattr(getattr(module, "decoder", None), "layers", None)
+            if layers is not None and len(layers) and hasattr(layers[0], "layer_number"):
+                return int(layers[0].layer_number) - 1
+    return None
 
 
 def _with_batch_iter(args: tuple, kwargs: dict, batch_iter: Any) -> tuple[tuple, dict]:
@@ -139,6 +151,10 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
             current.gap_batch = micro_batch  # for the postprocess of its real forward
         if not current.due:
             return wrapped(*args, **kwargs)
+        if LAYER_OFFSET not in current.line_fields:
+            current.line_fields[LAYER_OFFSET] = ctx.guarded(
+                "reading the stage's first layer", first_layer_offset, instance.module, default=None
+            )
         if current.phase == LOG_PROB:
             mode = ctx.guarded(
                 "reading the engine's prompts-only mode", prompts_only_mode, instance, default=prompts_only.OFF

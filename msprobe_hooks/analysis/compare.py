@@ -81,7 +81,13 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
         if row_kind == "api":
             api_rows += 1
             continue
-        name = names.parse(raw) if row_kind == "module" else None
+        # A pipeline stage's layers under the model's numbers: its first layer's input is then the stream
+        # out of the layer before it, as on the inference side.
+        name = (
+            names.parse(names.shift_layers(raw, layer_offset) if layer_offset else raw)
+            if row_kind == "module"
+            else None
+        )
         if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill
             continue
         if name.layer is not None:
@@ -111,8 +117,6 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
         for key in [k for k in tensors if k[0] == last]:
             tensors.setdefault((f"layers.{max(layers)}", key[1], key[2]), tensors[key])
             del tensors[key]
-    if layer_offset:
-        tensors = {(names.shift_layers(m, layer_offset), io, call): held for (m, io, call), held in tensors.items()}
     embedding = tensors.get(("embed_tokens", "input", 0))
     tokens = embedding.in_order()[0][1].numel if embedding else None
     return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset)
@@ -205,7 +209,8 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
             generate_name=g_held.name if g_held else "",
         )
         rows.append(row)
-        if t_held is None and g_held is not None and g_held.order < stage_start:
+        earlier = g_held is not None and (g_held.order < stage_start or (_layer(module) or 0) < train.layer_offset)
+        if t_held is None and earlier:  # the stream out of an earlier stage's last layer too
             row.status = Status.NOT_COMPARABLE
             row.reason = (
                 f"on an earlier pipeline stage (the training dump is the stage from layer {train.layer_offset})"

@@ -20,6 +20,8 @@ from support.verl_runs import EngineRun, run_engine, write_config
 from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
 
+pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+
 SPEC = {"ops": ["actor.log_prob"], "count": 4, "seed": 0, "micro_batch_size": 2, "rollout_log_probs": True}
 SAMPLES = verl_cpu.random_samples(4, 0)
 EMBEDDING = "Module.model.embed_tokens.FSDPEmbedding.forward.0"

@@ -55,7 +55,7 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     from msprobe_hooks.training.actor_dump import dumper
 
     state = dumper()
-    recipe = _RecipeCalls(engine, state.debugger(), os.path.join(out_dir, "hand"))
+    recipe = _RecipeCalls(engine, state.debugger(bootstrap.current_config()), os.path.join(out_dir, "hand"))
     own_work: list[float] = []  # the patch's log line: reading the samples, hashing prompts, writing
     write = state._write
 
@@ -82,7 +82,7 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
                 end = time.perf_counter()
             finally:
                 recipe.remove()
-                patching.apply(VERL_FSDP_ENGINE, transformer_impl)
+                patching.apply(VERL_FSDP_ENGINE, transformer_impl, config=bootstrap.current_config())
             if round_:
                 timings[variant]["log_prob"].append(middle - start)
                 timings[variant]["update"].append(end - middle)
@@ -182,7 +182,7 @@ def _wrapper_cost(calls: int) -> dict[str, float]:
 
     plain_step = per_call(lambda: engine.forward_step(None, None, True))
     plain_batch = per_call(lambda: engine.forward_backward_batch(None, None, True))
-    ctx = patching.apply(VERL_FSDP_ENGINE, module)
+    ctx = patching.apply(VERL_FSDP_ENGINE, module, config=bootstrap.current_config())
     dumper().current = Pass(engine, ctx, "log_prob", due=False)
     wrapped_step = per_call(lambda: engine.forward_step(None, None, True))
     dumper().current = None

@@ -290,7 +290,7 @@ class Sample:
     uid: str
     session_id: int = 0
     request_id: str | None = None
-    rollout_log_probs: tuple[float, ...] | None = None
+    rollout_log_probs: tuple[float, ...] | None = None  # the rollout engine's, one per response token
     old_log_probs: tuple[float, ...] | None = None
 
 
@@ -355,8 +355,9 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
         }
         if with_request_ids:  # every row has the key, as in verl; a padding sample's is None
             row["request_id"] = s.request_id
-        if with_rollout_log_probs:
-            row["rollout_log_probs"] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+        if with_rollout_log_probs:  # float32, one per response token (AgentLoopOutput.as_dict); a filler's are 0
+            values = s.rollout_log_probs if s.rollout_log_probs is not None else (0.0,) * len(s.response)
+            row["rollout_log_probs"] = torch.tensor(values, dtype=torch.float32)
         rows.append(row)
     data = tu.list_of_dict_to_tensordict(rows)
     settings = {

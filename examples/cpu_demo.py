@@ -14,6 +14,12 @@ runs the same engine on a given model folder and on the prompts of ``PROMPTS_FIL
 object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``, the file
 ``examples/vllm_generate.py`` reads), so a training dump and an inference dump see the same
 weights and the same prompts under the same request ids.
+
+    python examples/cpu_demo.py --engine megatron [--tensor-parallel 2] ...
+
+runs verl's real Megatron engine instead (``cpu_kit.megatron_cpu``: megatron-core and mbridge, from
+``make install-megatron``; bf16, as its engine config requires); at tensor parallel 2 under
+``python -m torch.distributed.run --nproc_per_node=2``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from cpu_kit import verl_cpu  # noqa: E402
 from cpu_kit.demo_inputs import read_prompts  # noqa: E402
+
+ENGINES = ("fsdp", "megatron")
 
 
 def prompt_samples(path: str) -> list[verl_cpu.Sample]:
@@ -49,15 +57,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="verl's FSDP2 engine on CPU: log-probs and one update")
     parser.add_argument("--model", help="a Qwen2 model folder (default: a tiny random one, built here)")
     parser.add_argument("--prompts", help="JSON lines of request_id and prompt_token_ids (default: random)")
+    parser.add_argument("--engine", choices=ENGINES, default="fsdp", help="verl's training engine (default fsdp)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="Megatron's tensor parallel size")
     args = parser.parse_args()
-    verl_cpu.init_process()
+    if args.engine == "megatron":
+        from cpu_kit import megatron_cpu as kit
+    elif args.tensor_parallel != 1:
+        parser.error("--tensor-parallel: Megatron only (FSDP shards over the world size)")
+    else:
+        kit = verl_cpu
+    kit.init_process()
     with tempfile.TemporaryDirectory(prefix="msprobe-hooks-demo-") as folder:
-        engine = verl_cpu.make_engine(args.model or verl_cpu.build_model_dir(folder))
+        model = args.model or verl_cpu.build_model_dir(folder)
+        parallel = {"tensor_parallel": args.tensor_parallel} if args.engine == "megatron" else {}
+        engine = kit.make_engine(model, **parallel)
         samples = prompt_samples(args.prompts) if args.prompts else verl_cpu.random_samples(4, seed=0)
         log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples))
         metrics = verl_cpu.update(engine, verl_cpu.make_batch(samples))
-    grad_norm = metrics["metrics"]["grad_norm"]
-    print(f"\nlog-prob pass: {len(log_probs)} samples; update: loss {metrics['loss']}, grad_norm {grad_norm:.4g}")
+    grad_norm = metrics.get("metrics", {}).get("grad_norm")  # Megatron: the first tensor-parallel rank's
+    update = f"loss {metrics.get('loss')}" + (f", grad_norm {grad_norm:.4g}" if grad_norm is not None else "")
+    print(f"\nlog-prob pass: {len(log_probs)} samples; update: {update}")
 
     from msprobe_hooks import bootstrap
     from msprobe_hooks.training.actor_dump import dumper

@@ -175,6 +175,36 @@ class References(Record):
         return refs
 
 
+class PositiveFloat(Record):
+    """A finite number above zero."""
+
+    accepted: str = "a positive number (1e-2, 0.5, ...)"
+
+    def parse(self, name: str, raw: str, cwd: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(_bad(name, raw, self.accepted)) from None
+        if not 0.0 < value < float("inf"):  # nan fails both comparisons
+            raise ValueError(_bad(name, raw, self.accepted))
+        return value
+
+
+class RequestIds(Record):
+    """Comma-separated request ids, as a set; blank: none (no filter). Their vLLM suffix is stripped where
+    they are compared (:func:`msprobe_hooks.join_keys.strip_vllm_suffix`; not imported here: it needs ``re``)."""
+
+    accepted: str = "comma-separated request ids, as the client sent them (no empty item, no space inside an id)"
+
+    def parse(self, name: str, raw: str, cwd: str) -> frozenset[str]:
+        if not raw.strip():
+            return frozenset()
+        ids = [part.strip() for part in raw.split(",")]
+        if any(not part or len(part.split()) != 1 for part in ids):
+            raise ValueError(_bad(name, raw, self.accepted))
+        return frozenset(ids)
+
+
 class Variable(Record):
     """One environment variable of the contract: what it fills, its default, what it accepts, what it means.
 
@@ -225,6 +255,25 @@ VARIABLES: tuple[Variable, ...] = (
         suggested="1",
     ),
     Variable(
+        "DUMP_SEQUENCES",
+        "dump_sequences",
+        Flag(),
+        "0",
+        "1: in the log-prob pass an extra forward per sample over its whole sequence (prompt + response), "
+        "each dumped on its own, the real forward undumped, training maths unchanged: what decode alignment "
+        "reads. With PROMPTS_ONLY=1, both (prompt first). Not with PROMPTS_ONLY=trim (no response is left).",
+    ),
+    Variable(
+        "DUMP_REQUEST_IDS",
+        "dump_request_ids",
+        RequestIds(),
+        "",
+        "Dump only the samples of these rollout requests (ids as logprob_gap.jsonl and update_actor_log.jsonl "
+        "write them; vLLM's -xxxxxxxx suffix is ignored on both sides): other samples' extra forwards run "
+        "undumped, a plain micro-batch is dumped only if it holds one of them. The gap log is not filtered.",
+        shown_default="empty (every sample)",
+    ),
+    Variable(
         "MSPROBE_ACTOR_CONFIG",
         "actor_config",
         MsprobeConfig(),
@@ -260,6 +309,14 @@ VARIABLES: tuple[Variable, ...] = (
         "Record, in the inference engine, the experts each MoE router chose for every token of a dumped step "
         "(vLLM: the router's capture hook on each MoERunner): one routed_experts.jsonl line per step beside "
         "the dispatch log, which compare's routing section reads. Dense models: nothing to record (one line).",
+    ),
+    Variable(
+        PREFIX + "GAP_THRESHOLD",
+        "gap_threshold",
+        PositiveFloat(),
+        "0.1",
+        "The log-prob gap, abs(old_log_prob - rollout_log_prob), of one response token above which "
+        "logprob_gap.jsonl counts it in `over` (the line's max and mean do not depend on it).",
     ),
     Variable(
         PREFIX + "OUTPUT_DIR",
@@ -339,10 +396,13 @@ class Config(Record):
     enabled: bool
     dump_phase: str
     prompts_only: str
+    dump_sequences: bool
+    dump_request_ids: frozenset[str]
     actor_config: str | None
     generate_config: str | None
     generate_forwards: str
     routing: bool
+    gap_threshold: float
     output_dir: str
     strict: bool
     disabled: frozenset[str]
@@ -475,9 +535,18 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
                 values[var.field] = var.parse(env.get(var.name), cwd)
             except ValueError as exc:
                 problems.append(str(exc))
+    problems += _conflicts(values, env)
     if problems:
         raise ConfigError(problems)
     return Config(**values, unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))))  # type: ignore[arg-type]
+
+
+def _conflicts(values: dict[str, object], env: Mapping[str, str]) -> list[str]:
+    """Values that are each valid but contradict each other."""
+    if values.get("dump_sequences") and values.get("prompts_only") == PROMPTS_ONLY_MODES[2]:
+        why = "PROMPTS_ONLY=trim cuts the responses off the batch: no whole sequence is left to dump"
+        return [_bad("DUMP_SEQUENCES", env.get("DUMP_SEQUENCES", ""), "0 with PROMPTS_ONLY=trim", why)]
+    return []
 
 
 def invalid(name: str, raw: str, why: str) -> str:

@@ -9,26 +9,49 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import time
+from array import array
 from collections.abc import Iterable
 
 # The logs, one file per process under {dump root}/{pid}/, and their ``source`` values (the published recipe's).
 TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
 TRAINING_SOURCE = "update_actor"
+GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor log-prob pass with rollout log-probs
+GAP_SOURCE = "logprob_gap"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
-GAP_LOG = "logprob_gap.jsonl"  # one line per sample of a log-prob pass: its token gap to the rollout
 ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
-# What a training window holds (its log line's "dump"): a micro-batch's forward, or one sample's prompt alone.
-MICRO_BATCH_WINDOW, PROMPT_WINDOW = "micro_batch", "prompt"
+# What a training window holds (its log line's "dump"): a micro-batch's forward, one sample's prompt alone
+# (PROMPTS_ONLY=1), or one sample's whole sequence (DUMP_SEQUENCES=1).
+MICRO_BATCH_WINDOW, PROMPT_WINDOW, SEQUENCE_WINDOW = "micro_batch", "prompt", "sequence"
+# Megatron's lines: the global index of the dumped pipeline stage's first decoder layer. msprobe names a
+# stage's layers from 0 (``decoder.layers.0`` is layer ``layer_offset`` of the model); compare numbers globally.
+LAYER_OFFSET = "layer_offset"
 DISPATCH_SOURCE = "dispatch_logger"
 
 _VLLM_SUFFIX = re.compile(r"^(?P<base>.+)-[0-9a-f]{8}$")
 
 
+# The definition of prompt_hash, written beside the hashes in both logs (field PROMPT_HASH_VERSION_FIELD):
+# 1 (logs without the field): SHA-1 of the ids as decimal text joined by commas, ~100 ns a token in Python;
+# 2: SHA-1 of the ids as little-endian int64, one pass over a buffer. align joins hashes of one version only.
+PROMPT_HASH_VERSION = 2
+PROMPT_HASH_VERSION_FIELD = "prompt_hash_version"
+
+
 def prompt_hash(token_ids: Iterable[int]) -> str:
-    """A short, stable hash of the exact prompt token ids (16 hex digits of SHA-1)."""
-    text = ",".join(str(int(t)) for t in token_ids)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    """A short, stable hash of the exact prompt token ids: 16 hex digits of SHA-1 over them as little-endian
+    int64 (definition :data:`PROMPT_HASH_VERSION`)."""
+    ids = array("q", token_ids)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return hashlib.sha1(ids).hexdigest()[:16]
+
+
+def versioned_hash(value: str | None, version: int) -> str | None:
+    """A logged prompt hash as align joins it: marked with its definition's version from the second on, so
+    hashes of two definitions never meet (those of the first, in older logs, stay as they were written)."""
+    return value if value is None or version == 1 else f"{value}/v{version}"
 
 
 def strip_vllm_suffix(request_id: str) -> str:

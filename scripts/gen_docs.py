@@ -124,22 +124,28 @@ def development_page() -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="fail if a generated file is stale")
-    args = parser.parse_args()
-    stale = []
-    pages = (
+def pages() -> tuple[tuple[Path, str], ...]:
+    """Every generated page and the text it must hold."""
+    return (
         (ENV_REFERENCE, env_reference()),
         (PATCH_CATALOGUE, patch_catalogue()),
         (PREFLIGHT, preflight_page()),
         (DEVELOPMENT, development_page()),
     )
-    for path, text in pages:
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(REPO)))
-        else:
+
+
+def stale_pages() -> list[str]:
+    """The generated pages whose file differs from what the code generates (paths from the repository root)."""
+    return [str(path.relative_to(REPO)) for path, text in pages() if not path.exists() or path.read_text() != text]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="fail if a generated file is stale")
+    args = parser.parse_args()
+    stale = stale_pages() if args.check else []
+    if not args.check:
+        for path, text in pages():
             path.write_text(text)
     if stale:
         print(f"stale: {', '.join(stale)}; run: python scripts/gen_docs.py", file=sys.stderr)

@@ -18,6 +18,9 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``verdict/``: fp32 training (``actor/``) against vLLM in fp32 and bf16 on the demo's 4-layer model
   (hidden 128, 4 prompts), clean and with one weight scaled (``VERDICT_CASES``): the proof of the verdict
   rules on real pairs.
+* ``megatron/``: verl's real Megatron engine (bf16, the local layer spec; ``make install-megatron``) at
+  TP 1 (``tp1/``) and TP 2 (``tp2/``, a rank folder each) on the demo's model and prompts, against vLLM
+  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``) and on the demo's perturbed copy (``vllm_perturbed/``).
 
 * ``qwen3/``: a tiny Qwen3 (q/k norms; 2 layers, hidden 128): FSDP2 (``actor/``) against vLLM and SGLang,
   and vLLM on a copy with ``layers.1.self_attn.k_norm`` x1.05 (``vllm_k_norm/``);
@@ -27,14 +30,13 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   copy whose layer-1 router sends a known share of the tokens elsewhere (``router/``, ``bf16_router/``; what
   was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
   without the routing switch (``no_routing/``).
-
 * ``moe_sglang/``: the same Qwen3-MoE on SGLang in tensor mode (its ``TopK`` module's expert ids), against
   ``moe/actor``; cut to its prefill steps and, of its tensors, the expert ids;
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``, ``qwen3``, ``moe``, ``shared``, ``moe_sglang``) and leaves
-the others.
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``megatron``, ``qwen3``, ``moe``, ``shared``,
+``moe_sglang``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -175,6 +177,20 @@ def _verdict(work: Path, out: Path) -> None:
         _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
 
 
+def _megatron(work: Path, out: Path) -> None:
+    from cpu_kit.demo_inputs import build_models, write_prompts
+
+    model, perturbed = build_models(work / "inputs")
+    prompts = write_prompts(work / "prompts.jsonl")
+    stats = msprobe_config(work / "statistics.json")
+    for tp in (1, 2):
+        tree = run_training(work / f"tp{tp}", model, prompts, stats, engine="megatron", tensor_parallel=tp)
+        _copy_tree(tree, out / "megatron" / f"tp{tp}" / "actor")
+    for name, weights, dtype in (("vllm", model, "float32"), ("vllm_bf16", model, "bfloat16"),
+                                 ("vllm_perturbed", perturbed, "float32")):  # fmt: skip
+        _copy_tree(run_vllm(work / name, weights, prompts, stats, dtype), out / "megatron" / name / "generate")
+
+
 # Qwen3 (q/k norms) against vLLM and SGLang, and a k_norm fault; Qwen3-MoE with the routers' choices
 # (MSPROBE_HOOKS_ROUTING=1 on vLLM): training in tensor mode (the routers' ids) and in statistics, vLLM in fp32
 # and bf16, clean, with a router fault of known share (its router_fault.json beside) and a numeric fault.
@@ -270,6 +286,7 @@ def slim_to_prefill_routing(root: Path) -> None:
 SETS = {
     "namings": _namings,
     "verdict": _verdict,
+    "megatron": _megatron,
     "qwen3": _qwen3,
     "moe": _moe,
     "shared": _shared,

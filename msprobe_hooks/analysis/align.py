@@ -315,7 +315,12 @@ class Aligner:
         self._paired_requests.add(chosen.row.base or key)
         if prompt_len is None:
             prompt_len = chosen.row.prompt_len if chosen.row.prompt_len is not None else chosen.row.tokens
-        return self._pair(dump, train_path, chosen, rule, key, rank_rule, prompt_len)
+        pair = self._pair(dump, train_path, chosen, rule, key, rank_rule, prompt_len)
+        if self.backend == "megatron" and prompt_len is not None:
+            held = self._token_count(train_path)
+            if held is not None and held > prompt_len:  # Megatron pads each sequence to a multiple of TP x CP
+                pair.train.rows = [0, prompt_len]
+        return pair
 
     def _rank(self, good: list[_Candidate], rank: int | None) -> tuple[list[_Candidate], RankRule] | Unpaired:
         """The candidates at the rank a training dump of ``rank`` pairs with, and the rule that chose it."""
@@ -465,6 +470,7 @@ class Aligner:
                 uid=dump.uid,
                 request_id=dump.request_id,
                 format=LOG_FORMATS[dump.recipe],
+                layer_offset=dump.layer_offset,
             ),
             generate=GenerateSide(
                 dump=self._path(self._generate_dump(step)),

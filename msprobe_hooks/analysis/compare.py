@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis import dumpfile, names, routing
-from msprobe_hooks.analysis.pairs import Pair
+from msprobe_hooks.analysis.pairs import Pair, PairKind
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
 from msprobe_hooks.analysis.statistics import (
     Stats,
@@ -57,11 +57,14 @@ class Side:
     not_comparable: list[ModuleRow]  # tensors with a reason instead of a key, filed under train_*
     api_rows: int
     tokens: int | None = None  # the token rows its forward held (its embedding input's element count)
+    layer_offset: int = 0  # a pipeline stage's dump: its first layer is the model's layer layer_offset
     rows: tuple[int, int] | None = None  # the rows a pair compares, [start, stop); None: all
 
 
-def read_side(path: str, table: names.NameMap) -> Side:
-    """Map every tensor of ``path``, reading its entries one at a time (the tree is never held whole)."""
+def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
+    """Map every tensor of ``path``, reading its entries one at a time (the tree is never held whole).
+
+    ``layer_offset``: the dump is a pipeline stage's, its layer 0 the model's layer ``layer_offset``."""
     meta: dict[str, Any] = {}
     tensors: dict[tuple[str, str, int], SideTensor] = {}
     skipped: list[ModuleRow] = []
@@ -77,7 +80,13 @@ def read_side(path: str, table: names.NameMap) -> Side:
         if row_kind == "api":
             api_rows += 1
             continue
-        name = names.parse(raw) if row_kind == "module" else None
+        # A pipeline stage's layers under the model's numbers: its first layer's input is then the stream
+        # out of the layer before it, as on the inference side.
+        name = (
+            names.parse(names.shift_layers(raw, layer_offset) if layer_offset else raw)
+            if row_kind == "module"
+            else None
+        )
         if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill
             continue
         if name.layer is not None:
@@ -109,7 +118,7 @@ def read_side(path: str, table: names.NameMap) -> Side:
             del tensors[key]
     embedding = tensors.get(("embed_tokens", "input", 0))
     tokens = embedding.in_order()[0][1].numel if embedding else None
-    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens)
+    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset)
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
@@ -177,6 +186,7 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
     """One row per tensor of either side, in the training model's order (inference-only rows last)."""
     rows: list[ModuleRow] = []
     joined, end = _joined(train, generate)
+    stage_start = _stage_start(generate, train.layer_offset)
     for (module, io, call), t_held, g_held, order in joined:
         row = ModuleRow(
             order=order,
@@ -187,6 +197,13 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
             generate_name=g_held.name if g_held else "",
         )
         rows.append(row)
+        earlier = g_held is not None and (g_held.order < stage_start or (_layer(module) or 0) < train.layer_offset)
+        if t_held is None and earlier:  # the stream out of an earlier stage's last layer too
+            row.status = Status.NOT_COMPARABLE
+            row.reason = (
+                f"on an earlier pipeline stage (the training dump is the stage from layer {train.layer_offset})"
+            )
+            continue
         if t_held is None or g_held is None:
             row.status = Status.UNMATCHED
             row.reason = f"no counterpart on the {'inference' if g_held is None else 'training'} side"
@@ -232,6 +249,14 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
             rows.append(item)
     rows.sort(key=lambda r: r.order)  # stable: keys of one tensor keep their sorted order
     return rows
+
+
+def _stage_start(generate: Side, layer_offset: int) -> int:
+    """The inference side's order from which a training stage starting at ``layer_offset`` computes (0: all)."""
+    if not layer_offset:
+        return 0
+    orders = [g.order for (m, _, _), g in generate.tensors.items() if (_layer(m) or -1) >= layer_offset]
+    return min(orders, default=0)
 
 
 def _compare_rows(
@@ -290,7 +315,7 @@ def compare_pair(
     )
     table = names.load(mapping)
     try:
-        train = read_side(pair.train.dump, table)
+        train = read_side(pair.train.dump, table, pair.train.layer_offset or 0)
         generate = read_side(pair.generate.dump, table)
     except (OSError, ValueError) as exc:
         result.verdict, result.message = Verdict.FAILED, f"cannot read a dump: {exc}"
@@ -299,9 +324,16 @@ def compare_pair(
     generate.rows = tuple(pair.generate.rows) if pair.generate.rows else None
     if (train.rows or generate.rows) and not train.task == generate.task == "tensor":
         result.verdict = Verdict.STATISTICS
+        if pair.kind == PairKind.DECODE:
+            cut = "a decode pair compares one token's rows"
+        else:
+            cut = (
+                f"the training forward holds more rows than the prompt's {pair.prompt_len} (a packed micro-batch, "
+                "or a prompt Megatron padded to a multiple of TP x CP)"
+            )
         result.message = (
-            f"a {pair.kind} pair compares one request's token rows; statistics dumps hold whole tensors' "
-            "statistics, from which no row can be cut: dump that step in tensor mode (docs/analysis.md)"
+            f"{cut}; statistics dumps hold whole tensors' statistics, from which no row can be cut: dump that "
+            "step in tensor mode (docs/analysis.md)"
         )
         return result, []
     rows = compare_sides(train, generate, threshold, table)

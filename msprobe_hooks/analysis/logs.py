@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from msprobe_hooks.join_keys import DISPATCH_SOURCE, PROMPT_WINDOW, strip_vllm_suffix
+from msprobe_hooks.join_keys import (
+    DISPATCH_SOURCE,
+    LAYER_OFFSET,
+    PROMPT_HASH_VERSION_FIELD,
+    PROMPT_WINDOW,
+    strip_vllm_suffix,
+    versioned_hash,
+)
 
 Warn = Callable[[str], None]
 
@@ -86,7 +93,8 @@ class TrainDump:
     global_step: Any = None
     micro_batch: Any = None
     time: float | None = None  # when the line was written (seconds since the epoch); None in older logs
-    kind: str | None = None  # "prompt" (PROMPTS_ONLY=1) or "micro_batch"
+    kind: str | None = None  # "prompt" (PROMPTS_ONLY=1), "sequence" (DUMP_SEQUENCES=1) or "micro_batch"
+    layer_offset: int | None = None  # Megatron: the dumped pipeline stage's first layer (None: 0, or not said)
     index: int | None = None
     uid: str | None = None
     session_id: Any = None
@@ -204,7 +212,9 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
             "micro_batch": record.get("micro_batch"),
             "time": _time(record),
             "kind": record.get("dump"),
+            "layer_offset": _int(record.get(LAYER_OFFSET)),
         }
+        version = _hash_version(record)
         samples = record.get("samples")
         if isinstance(samples, list):
             members = tuple(_member(s, len(samples)) for s in samples if isinstance(s, dict))
@@ -223,7 +233,7 @@ def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:
                 session_id=sample.get("session_id"),
                 request_id=None if request_id is None else str(request_id),
                 prompt_len=_int(sample.get("prompt_len")),
-                prompt_hash=sample.get("prompt_hash"),
+                prompt_hash=versioned_hash(sample.get("prompt_hash"), version),
                 seq_len=_int(sample.get("seq_len")),
                 members=members,
                 **common,
@@ -257,7 +267,12 @@ def _member(sample: dict[str, Any], count: int) -> TrainSample:
     )
 
 
-def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
+def _hash_version(record: dict[str, Any]) -> int:
+    """The definition of a line's prompt hashes (1: a log from before the field)."""
+    return _int(record.get(PROMPT_HASH_VERSION_FIELD)) or 1
+
+
+def _row(raw: dict[str, Any], step_prefill: bool, single: bool, version: int) -> GenRow:
     if "full_prefill" in raw and "request_id_base" in raw:  # our own rows: every field under its name
         get = raw.get
         return GenRow(
@@ -268,7 +283,7 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
             get("tokens"),
             get("offset"),
             get("prompt_len"),
-            get("prompt_hash"),
+            versioned_hash(get("prompt_hash"), version),
             get("computed_tokens"),
         )
     request_id = _field(raw, ROW_FIELDS["request_id"])
@@ -299,7 +314,7 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool) -> GenRow:
         tokens=tokens,
         offset=_int(raw.get("offset")),
         prompt_len=prompt_len,
-        prompt_hash=raw.get("prompt_hash"),
+        prompt_hash=versioned_hash(raw.get("prompt_hash"), version),
         computed=computed,
     )
 
@@ -318,6 +333,7 @@ class DecodeStep(NamedTuple):
 _OUR_LINE = json.dumps({"source": DISPATCH_SOURCE, "engine": None}, separators=(",", ":"))[:-5]
 _BASE = re.compile(r'"request_id_base":"([^"\\]*(?:\\.[^"\\]*)*)"')  # a JSON string, escapes and all
 _HASH = re.compile(r'"prompt_hash":"([0-9a-f]*)"')
+_VERSION = re.compile(f'"{PROMPT_HASH_VERSION_FIELD}":(\\d+)')
 
 
 def _unescape(text: str) -> str:
@@ -329,7 +345,11 @@ def _decode_line(line: str) -> DecodeStep | None:
         return None
     if '"dumped":false' not in line:
         return None  # dumped (or not saying): read whole, its rows may pair with a training sequence
-    return DecodeStep(False, [_unescape(b) for b in _BASE.findall(line)], _HASH.findall(line))
+    version = _VERSION.search(line)
+    hashes = _HASH.findall(line)
+    if version is not None:
+        hashes = [versioned_hash(h, int(version.group(1))) for h in hashes]
+    return DecodeStep(False, [_unescape(b) for b in _BASE.findall(line)], hashes)
 
 
 def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
@@ -346,7 +366,8 @@ def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
         single = len(raw_rows) == 1
         dumped = record.get("dumped")
         dumped = dumped if isinstance(dumped, bool) else None
-        rows = tuple(_row(raw, step_prefill, single) for raw in raw_rows)
+        version = _hash_version(record)
+        rows = tuple(_row(raw, step_prefill, single, version) for raw in raw_rows)
         if dumped is False and not any(row.prefill for row in rows):
             bases = [row.base for row in rows if row.base is not None]
             yield DecodeStep(dumped, bases, [row.prompt_hash for row in rows if row.prompt_hash is not None])

@@ -170,6 +170,14 @@ def _compile(segments: list[str]) -> re.Pattern[str]:
     return re.compile(r"(?:^|\.)" + r"\.".join(pieces) + "$")
 
 
+_LAYER_NUMBER = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
+
+
+def shift_layers(module: str, offset: int) -> str:
+    """``module`` with its decoder layer moved by ``offset``: a pipeline stage's own numbering made the model's."""
+    return _LAYER_NUMBER.sub(lambda m: f"{m.group(1)}layers.{int(m.group(2)) + offset}", module, count=1)
+
+
 def _instantiate(template: str, layer: int | None) -> str:
     return template.replace("{layer}", str(layer)) if layer is not None else template
 
@@ -401,6 +409,22 @@ def _topk(e: _Entry) -> Iterator[Mapped]:
     yield from e.none(e.inputs + e.kwargs + e.outputs, "routing")
 
 
+def _norm_linear(e: _Entry) -> Iterator[Mapped]:
+    """A norm fused into the linear after it (TransformerEngine's ``TELayerNormColumnParallelLinear``): output 0
+    is the linear's; input 0 is the stream before the norm, compared only as the rule's ``also`` key (the
+    norm's input), never as the linear's input (that is after the norm)."""
+    if e.inputs:
+        aliases = e.keys("input")[1:]
+        if aliases:
+            yield Mapped(*e.inputs[0], keys=aliases)
+        else:
+            yield from e.none(e.inputs[:1], "norm_linear_input")
+    yield from e.none(e.inputs[1:] + e.kwargs, "extra_input")
+    if e.outputs:
+        yield Mapped(*e.outputs[0], keys=e.keys("output"))
+    yield from e.none(e.outputs[1:], "bias_output")
+
+
 def _not_comparable(e: _Entry) -> Iterator[Mapped]:
     assert e.rule is not None and e.rule.reason is not None
     yield from e.none(e.inputs + e.kwargs + e.outputs, e.rule.reason)
@@ -421,6 +445,7 @@ KINDS: dict[str, Callable[[_Entry], Iterator[Mapped]]] = {
     "activation": _activation,
     "router": _router,
     "topk": _topk,
+    "norm_linear": _norm_linear,
     "not_comparable": _not_comparable,
 }
 

@@ -84,6 +84,7 @@ class TrainSide:
     request_id: str | None = None
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the sample's token rows in the dump; None: all of them
+    layer_offset: int | None = None  # Megatron pipeline stage: its layer 0 is the model's layer layer_offset
     extra: dict[str, Any] = field(default_factory=dict)
 
 

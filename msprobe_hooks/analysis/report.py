@@ -167,7 +167,12 @@ def answer(
     rows: Sequence[ModuleRow],
     gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
 ) -> Answer:
-    """The :class:`Answer` of ``results``, with the training side's gap lines (:func:`.symptom.read_gaps`)."""
+    """The :class:`Answer` of ``results``, with the training side's gap lines (:func:`.symptom.read_gaps`).
+
+    Results and rows are put in pair order first: a pool returns them as they complete, and every tie
+    (the largest error of equal pairs) must go the same way whatever the order."""
+    results = sorted(results, key=lambda r: r.pair)
+    rows = sorted(rows, key=lambda r: r.pair)  # stable: each pair's rows keep their model order
     gaps = gaps or {}
     decode = any(r.kind == PairKind.DECODE for r in results)
     samples = causes(results, gaps) if gaps or decode else []

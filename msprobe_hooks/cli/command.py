@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module in cli/, the one line the command list shows)
@@ -61,3 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"msprobe-hooks: error: {problem}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of our output went away (`| head`): no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at the interpreter's last flush
+        return 128 + 13  # as a shell reports a command killed by SIGPIPE

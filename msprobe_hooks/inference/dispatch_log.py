@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from msprobe_hooks import debugger as debugger_module
-from msprobe_hooks.join_keys import DISPATCH_LOG, DISPATCH_SOURCE, clock, prompt_hash, timestamp
+from msprobe_hooks.join_keys import (
+    DISPATCH_LOG,
+    DISPATCH_SOURCE,
+    PROMPT_HASH_VERSION,
+    PROMPT_HASH_VERSION_FIELD,
+    clock,
+    prompt_hash,
+    timestamp,
+)
 from msprobe_hooks.jsonl import JsonlLog, encode
 
 
@@ -79,6 +87,7 @@ _row_json: dict[_RowKey, tuple[str, str, str, str]] = {}
 # Dicts, not tuples indexed by the bool: a numpy bool (from numpy counters) must work too.
 _TYPE_JSON = {False: '"cached"', True: '"new"'}  # by ScheduledRequest.new
 _BOOL_JSON = {False: "false", True: "true"}
+_HASH_VERSION = f'"{PROMPT_HASH_VERSION_FIELD}":{PROMPT_HASH_VERSION},'  # the rows' prompt_hash definition
 
 
 def _encode_row_constants(key: _RowKey) -> tuple[str, str, str, str]:
@@ -134,10 +143,11 @@ def step_line(
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
     return (
-        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","time":{clock()},"pid":{os.getpid()},'
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{os.getpid()},'
         f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
         f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
-        f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}]}}'
+        f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}],'
+        f'{_HASH_VERSION}"time":{clock()}}}'  # ours, after the published fields
     )
 
 

@@ -11,9 +11,12 @@ lives here, shared by both engines:
   ``step()``. A log line is written when the window closes, and only if msprobe really recorded
   it (its own ``step``/``rank`` filters may skip a window), with ``step`` equal to the msprobe
   ``step{N}`` folder;
-* with ``PROMPTS_ONLY=1`` a log-prob micro-batch gets one extra, prompt-only forward per sample
-  (:meth:`ActorDumper.prompt_only_forwards`), each in its own window, while the real forward
-  runs undumped.
+* with ``PROMPTS_ONLY=1`` a log-prob micro-batch gets one extra, prompt-only forward per sample,
+  with ``DUMP_SEQUENCES=1`` one over the sample's whole sequence, or both
+  (:meth:`ActorDumper.extra_forwards`), each in its own window, while the real forward runs
+  undumped; ``DUMP_REQUEST_IDS`` chooses the samples whose windows are dumped;
+* every micro-batch of an actor's log-prob pass, dumped or not, gets its samples' log-prob gap
+  (:meth:`ActorDumper.log_prob_gap`, ``logprob_gap.jsonl``) when it holds the rollout's log-probs.
 
 Nothing here imports torch, verl or msprobe at import time.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from msprobe_hooks import config as config_module
@@ -30,13 +33,24 @@ from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
+from msprobe_hooks.training import logprob_gap
 from msprobe_hooks.training.micro_batch import (
     SampleInfo,
     describe_samples,
     global_step_of,
+    is_trimmed,
     prompt_only_batches,
     samples_and_step,
+    selected,
+    sequence_batches,
 )
+
+# What a window holds: the ``dump`` field of its log line.
+MICRO_BATCH, PROMPT, SEQUENCE = join_keys.MICRO_BATCH_WINDOW, join_keys.PROMPT_WINDOW, join_keys.SEQUENCE_WINDOW
+_EXTRA = {  # an extra forward's kind: its one-sample batches, what it is called in our lines, its switch
+    PROMPT: (prompt_only_batches, "prompt-only", "PROMPTS_ONLY=1"),
+    SEQUENCE: (sequence_batches, "sequence", "DUMP_SEQUENCES=1"),
+}
 
 
 class DumpRefused(patching.Refusal):
@@ -51,7 +65,14 @@ class Pass:
     patch: patching.PatchContext  # the engine patch that made the pass: its guard reports our failures
     phase: str  # config.LOG_PROB or config.UPDATE_ACTOR
     due: bool
+    actor: bool = False  # an actor engine's pass (dumped or not): its log-prob passes get the gap log
     micro_batch: int = -1  # index of the micro-batch in progress
+    gap_batch: Any = None  # Megatron: the micro-batch taken in forward_step, for the gap in its postprocess
+    line_fields: dict[str, Any] = field(default_factory=dict)  # the engine's own fields of its log lines
+
+    @property
+    def wants_gap(self) -> bool:
+        return self.actor and self.phase == config_module.LOG_PROB
 
 
 @dataclass
@@ -67,6 +88,7 @@ class DumpWindow:
     global_step: Any = None
     # Read when the step closes, outside msprobe's recording: our own tensor reads stay out of the dump.
     micro_batch: Any = None
+    packed: bool = True  # the dumped input holds the samples back to back: their offsets index it
 
 
 class ActorDumper:
@@ -77,18 +99,26 @@ class ActorDumper:
         self._window: DumpWindow | None = None
         self._debugger: Any = None
         self._log: JsonlLog | None = None
+        self._gap_log: JsonlLog | None = None
+        self._root: tuple[str, str] | None = None  # (actor config path, training dump root)
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
 
     # --- configuration -------------------------------------------------------------------------
+
+    def dump_root(self, cfg: config_module.Config) -> tuple[str, str]:
+        """The actor config's path and the training dump root (its ``dump_path``, else the default), read once."""
+        if self._root is None:
+            path = cfg.actor_config or debugger_module.DEFAULT_ACTOR_CONFIG
+            settings = config_module.read_msprobe_config("MSPROBE_ACTOR_CONFIG", path)
+            self._root = (path, settings.get("dump_path") or cfg.actor_dump_root)
+        return self._root
 
     def debugger(self, cfg: config_module.Config | None) -> Any:
         """The process's msprobe debugger for the actor config of ``cfg``; raises DebuggerUnavailable."""
         if self._debugger is None:
             if cfg is None:
                 raise debugger_module.DebuggerUnavailable("msprobe-hooks is not active in this process")
-            path = cfg.actor_config or debugger_module.DEFAULT_ACTOR_CONFIG
-            settings = config_module.read_msprobe_config("MSPROBE_ACTOR_CONFIG", path)
-            root = settings.get("dump_path") or cfg.actor_dump_root
+            path, root = self.dump_root(cfg)
             self._debugger = debugger_module.get_debugger(path, root)
             self._log = JsonlLog(root, join_keys.TRAINING_LOG)
             logger().info("training dumps go to %s (log: %s)", root, self._log.path)
@@ -131,8 +161,8 @@ class ActorDumper:
         )
         if decided is None:
             return wrapped(*args, **kwargs)
-        phase, due = decided
-        this = Pass(engine, patch, phase, due)
+        phase, due, actor = decided
+        this = Pass(engine, patch, phase, due, actor)
         outer, self.current = self.current, this
         try:
             return wrapped(*args, **kwargs)
@@ -156,21 +186,26 @@ class ActorDumper:
         kwargs: dict,
         dumpable: Callable[[Any], bool],
         refuse: Callable[[Any, str, Any], None] | None,
-    ) -> tuple[str, bool]:
-        """The pass's phase and whether it is due."""
+    ) -> tuple[str, bool, bool]:
+        """The pass's phase, whether it is due, and whether it is an actor's."""
         forward_only = patching.argument(args, kwargs, "forward_only", 2, False)
         phase = config_module.LOG_PROB if forward_only else config_module.UPDATE_ACTOR
-        due = bool(cfg is not None and cfg.phase_selected(phase) and dumpable(engine))
+        # Whether it is an actor's matters to a pass of the selected phase, and to every log-prob pass (the gap).
+        wanted = cfg is not None and (cfg.phase_selected(phase) or phase == config_module.LOG_PROB)
+        actor = bool(wanted and dumpable(engine))
+        due = actor and cfg.phase_selected(phase)
         if due and refuse is not None:
             refuse(engine, phase, patching.argument(args, kwargs, "data", 0))
-        return phase, due
+        return phase, due, actor
 
     def begin_micro_batch(self, engine: object) -> Pass | None:
-        """The due pass of ``engine`` with its micro-batch counter advanced, or None (not dumped)."""
+        """The pass of ``engine`` (due or not: the gap log counts micro-batches too) with its micro-batch
+        counter advanced, or None (not our pass's engine)."""
         current = self.current
-        if current is None or not current.due or current.engine is not engine:
+        if current is None or current.engine is not engine:
             return None
-        self.close()  # a window whose backward never ran (or was not seen)
+        if current.due:
+            self.close()  # a window whose backward never ran (or was not seen)
         current.micro_batch += 1
         return current
 
@@ -179,9 +214,10 @@ class ActorDumper:
     def open(self, model: Any, current: Pass, dump: str, micro_batch: Any = None, **known: Any) -> None:
         """``start(model)``: one msprobe step of ``current``'s micro-batch begins.
 
-        ``dump`` says what it holds ("micro_batch" or "prompt"); its samples are either ``known``
-        (``samples``, ``global_step``) or read from ``micro_batch`` when the step closes. When msprobe
-        (or our bookkeeping) fails, one line says so and no step opens: the forward runs undumped.
+        ``dump`` says what it holds (:data:`MICRO_BATCH`, :data:`PROMPT` or :data:`SEQUENCE`); its samples
+        are either ``known`` (``samples``, ``global_step``) or read from ``micro_batch`` when the step
+        closes; ``packed`` (known) says whether the dumped input holds the samples back to back. When
+        msprobe (or our bookkeeping) fails, one line says so and no step opens: the forward runs undumped.
         """
         current.patch.guarded("starting an msprobe step", self._open, model, current, dump, micro_batch, known)
 
@@ -190,7 +226,7 @@ class ActorDumper:
         self.close()
         step = debugger_module.next_step(debugger)
         debugger.start(model=model)
-        fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump}
+        fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump, **current.line_fields}
         recording = debugger_module.is_recording()
         self._window = DumpWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
 
@@ -259,12 +295,15 @@ class ActorDumper:
         samples, global_step = window.samples, window.global_step
         if window.micro_batch is not None:
             samples, global_step = self.describe(window.micro_batch, window.patch)
+        if window.fields["dump"] != MICRO_BATCH:  # the sample alone: its input starts with it
+            samples = [replace(s, offset=0) for s in samples]
+        elif not window.packed:  # one padded row per sample, or sliced across ranks: no offset indexes it
+            samples = [replace(s, offset=None) for s in samples]
         samples = [s for s in samples if not s.padding]
         request_ids = [sample.request_id for sample in samples if sample.request_id is not None]
         record = {
             "source": join_keys.TRAINING_SOURCE,
             "timestamp": join_keys.timestamp(),
-            "time": join_keys.clock(),
             "pid": os.getpid(),
             "rank": debugger_module.dump_rank(debugger),
             "step": window.step,
@@ -273,6 +312,9 @@ class ActorDumper:
             "request_ids": request_ids,
             "num_requests": len(request_ids),
             "samples": [sample.as_record() for sample in samples],
+            # ours, after the published fields: the prompt hashes' definition, and a clock to order lines by
+            join_keys.PROMPT_HASH_VERSION_FIELD: join_keys.PROMPT_HASH_VERSION,
+            "time": join_keys.clock(),
         }
         assert self._log is not None
         try:
@@ -288,7 +330,12 @@ class ActorDumper:
         (a layout we do not know: the dump stands, its line lacks the samples)."""
         return patch.guarded("reading the samples of a micro-batch", samples_and_step, micro_batch, default=([], None))
 
-    def prompt_only_forwards(
+    def holds_selected(self, current: Pass, micro_batch: Any) -> bool:
+        """Whether a plain micro-batch dump is wanted: no ``DUMP_REQUEST_IDS``, or a sample of it named there."""
+        wanted = current.patch.config.dump_request_ids
+        return not wanted or any(not s.padding and selected(s, wanted) for s in describe_samples(micro_batch))
+
+    def extra_forwards(
         self,
         current: Pass,
         micro_batch: Any,
@@ -296,45 +343,137 @@ class ActorDumper:
         forward: Callable[[Any], Any],
         group: Any,
         device: Any,
+        kinds: tuple[str, ...],
     ) -> None:
-        """One prompt-only ``forward`` per sample of ``micro_batch``, each real sample in its own window.
+        """Per sample of ``micro_batch``, one ``forward`` of each of ``kinds`` (:data:`PROMPT` then
+        :data:`SEQUENCE`: the sample's prompt alone, its whole sequence alone), each of a dumped sample in
+        its own window.
 
-        Every rank of ``group`` must run the same number of forwards (FSDP all-gathers parameters
-        in each), so the ranks agree, in one all-reduce, on the largest sample count of the group
-        and on whether any rank failed to cut its prompts (then none runs any). Ranks with fewer
-        samples repeat their first sample undumped, and padding samples run undumped. Ranks whose
-        msprobe has finished for good report 0, so a group where all have finished skips the extra
-        forwards. A forward that fails (one line; its window gets no log line) is replaced by the first
-        sample's, undumped, for this and every later one: a failure before the forward's first
-        collective (in preparing its inputs) keeps the ranks in step.
+        A sample is dumped unless it is padding or ``DUMP_REQUEST_IDS`` does not name it. Every rank of
+        ``group`` must run the same number of forwards (FSDP all-gathers parameters in each), so the
+        ranks agree, in one all-reduce, on the largest sample count of the group and on whether any rank
+        failed to cut its batches (then none runs any). Ranks with fewer samples repeat their first
+        sample undumped, and samples not dumped run undumped. Ranks with nothing to dump (msprobe
+        finished for good, or no sample chosen) report 0, so a group where none has anything to dump
+        skips the extra forwards. A forward that fails (one line; its window gets no log line) is
+        replaced by the first sample's, undumped, for this and every later one: a failure before the
+        forward's first collective (in preparing its inputs) keeps the ranks in step.
         """
+        switches = " with ".join(_EXTRA[kind][2] for kind in kinds)
         try:
             samples = describe_samples(micro_batch)
             global_step = global_step_of(micro_batch)
         except Exception as exc:
-            raise DumpRefused(f"PROMPTS_ONLY=1: cannot find each sample's prompt in the micro-batch ({exc})") from exc
-        debugger = self.debugger(current.patch.config)
+            raise DumpRefused(f"{switches}: cannot find each sample's prompt in the micro-batch ({exc})") from exc
+        cfg = current.patch.config
+        debugger = self.debugger(cfg)
         finished = debugger_module.has_finished(debugger)
-        batches = current.patch.guarded("cutting the prompts", prompt_only_batches, micro_batch, samples)
-        mine = 0 if finished or batches is None else len(batches)
+        dumped = [not s.padding and selected(s, cfg.dump_request_ids) and not finished for s in samples]
+        what = " and ".join({PROMPT: "prompts", SEQUENCE: "sequences"}[kind] for kind in kinds)
+        batches = current.patch.guarded(f"cutting the {what}", _cut, micro_batch, samples, kinds)
+        mine = 0 if batches is None or not any(dumped) else len(samples)
         count, failed = agree_on_max([mine, int(batches is None)], group, device)
         if failed:
             return
         assert batches is not None
         broken = False  # a forward failed: the rest are the first sample's, undumped
         for k in range(count):
-            dumped = k < len(batches) and not samples[k].padding and not (broken or finished)
-            batch = batches[k] if k < len(batches) and not broken else batches[0]
-            if dumped:
-                self.open(model, current, "prompt", samples=[samples[k]], global_step=global_step)
-            if current.patch.guarded("a prompt-only forward", forward, batch, default=_FAILED) is _FAILED:
-                broken = True
-                if dumped:  # what msprobe holds of this window is no prompt's forward: no log line for it
-                    self.close(write=False)
-                    dumped = False
-                forward(batches[0])  # this forward's collectives, with the first prompt: the ranks stay in step
-            if dumped:
-                self.close()
+            own = k < len(samples)
+            for kind in kinds:
+                first = batches[kind][0]
+                dump = own and dumped[k] and not broken
+                batch = batches[kind][k] if own and not broken else first
+                if dump:
+                    self.open(model, current, kind, samples=[samples[k]], global_step=global_step)
+                failure = current.patch.guarded(f"a {_EXTRA[kind][1]} forward", forward, batch, default=_FAILED)
+                if failure is _FAILED:
+                    broken = True
+                    if dump:  # what msprobe holds of this window is no forward of the sample: no log line for it
+                        self.close(write=False)
+                        dump = False
+                    forward(first)  # this forward's collectives, with the first sample: the ranks stay in step
+                if dump:
+                    self.close()
+
+    # --- the log-prob gap ----------------------------------------------------------------------
+
+    def log_prob_gap(self, current: Pass, micro_batch: Any, result: Any) -> None:
+        """The ``logprob_gap.jsonl`` lines of one micro-batch of an actor's log-prob pass: one per sample.
+
+        ``result`` is what the engine's forward returned for it (FSDP's ``forward_step``, Megatron's
+        ``postprocess_micro_batch_func``): its last item holds ``model_output["log_probs"]``. Nothing is
+        written without the rollout's log-probs in the micro-batch (``rollout.calculate_log_probs=False``)
+        or without log-probs in the output (a distillation-only pass). The root is the training dump's,
+        found without making a debugger: the gap is logged whether or not anything is dumped.
+        """
+        if not logprob_gap.has_rollout_log_probs(micro_batch):
+            return
+        log_probs = _output_log_probs(result)
+        if log_probs is None:
+            return
+        import torch
+
+        cfg = current.patch.config
+        samples = describe_samples(micro_batch)
+        with torch.no_grad():
+            gaps = logprob_gap.statistics(log_probs, micro_batch, samples, cfg.gap_threshold)
+        global_step = global_step_of(micro_batch)
+        if self._gap_log is None:
+            self._gap_log = JsonlLog(self.dump_root(cfg)[1], join_keys.GAP_LOG)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        for sample, gap in zip(samples, gaps, strict=True):
+            if sample.padding:  # verl's filler samples (upsample_batch_to_divisible_size): no rollout behind them
+                continue
+            record = {
+                "source": join_keys.GAP_SOURCE,
+                "timestamp": join_keys.timestamp(),
+                "pid": os.getpid(),
+                "rank": rank,
+                "global_step": global_step,
+                "micro_batch": current.micro_batch,
+                "sample": sample.index,
+                "request_id": sample.request_id,
+                "uid": sample.uid,
+                "session_id": sample.session_id,
+                "prompt_len": sample.prompt_len,
+                "prompt_hash": sample.prompt_hash,
+                "tokens": gap.tokens,
+                "max": gap.max,
+                "mean": gap.mean,
+                "argmax": gap.argmax,
+                "over": gap.over,
+                "threshold": cfg.gap_threshold,
+                "probs_diff_max": gap.probs_diff_max,
+                "probs_diff_mean": gap.probs_diff_mean,
+            }
+            try:
+                self._gap_log.write(record)
+            except OSError as exc:  # a full or removed dump root: one line naming the cause
+                what = f"the {join_keys.GAP_LOG} lines of micro-batch {current.micro_batch}"
+                storage.report_loss(what, exc, self._gap_log.path, patching.strict())
+                return
+
+
+def extra_forward_kinds(cfg: config_module.Config, prompts_only_mode: str, micro_batch: Any) -> tuple[str, ...]:
+    """The extra forwards a log-prob micro-batch gets, in order: none when the trainer trimmed it."""
+    from msprobe_hooks.training import prompts_only
+
+    kinds = (PROMPT,) if prompts_only_mode == prompts_only.FORWARD else ()
+    if cfg.dump_sequences:
+        kinds += (SEQUENCE,)
+    return kinds if kinds and not is_trimmed(micro_batch) else ()
+
+
+def _cut(micro_batch: Any, samples: list[SampleInfo], kinds: tuple[str, ...]) -> dict[str, list[Any]]:
+    return {kind: _EXTRA[kind][0](micro_batch, samples) for kind in kinds}
+
+
+def _output_log_probs(result: Any) -> Any:
+    """``model_output["log_probs"]`` of an engine forward's result (``(loss, output)`` or Megatron's
+    ``(loss, tokens, output)``), or None."""
+    output = result[-1] if isinstance(result, tuple) and result else None
+    model_output = output.get("model_output") if isinstance(output, dict) else None
+    return model_output.get("log_probs") if isinstance(model_output, dict) else None
 
 
 _FAILED = object()  # what a guarded forward returns when it raised

@@ -1,5 +1,5 @@
 """A verl micro-batch as the engines get it: its samples (prompt, ids, keys), the TensorDict layouts of
-both trainers, and a sample cut to its prompt alone (the prompt-only forward's input).
+both trainers, and a sample alone, cut to its prompt or whole (the extra forwards' inputs).
 
 verl's v1 trainer (TransferQueue) hands the engine jagged tensors with per-sample fields; the v0
 trainer (DataProto) dense, left-padded prompts with an attention mask. Nothing here imports torch or
@@ -29,6 +29,11 @@ class SampleInfo:
     prompt_len: int
     prompt_hash: str
     seq_len: int
+    response_len: int  # seq_len - prompt_len: verl's own rule (response_from_nested, no_padding_2_padding)
+    # The sample's first token in the micro-batch's packed input (the previous samples' seq_len, in the
+    # micro-batch's order, which is the order verl packs them in); a window holding the sample alone
+    # sets 0, one whose input is not packed (padded rows, sliced sequences) None.
+    offset: int | None
 
     @property
     def padding(self) -> bool:
@@ -44,6 +49,8 @@ class SampleInfo:
             "prompt_len": self.prompt_len,
             "prompt_hash": self.prompt_hash,
             "seq_len": self.seq_len,
+            "offset": self.offset,
+            "response_len": self.response_len,
         }
 
 
@@ -85,7 +92,7 @@ def _request_ids(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _lengths(tensor: Any) -> list[int]:
+def row_lengths(tensor: Any) -> list[int]:
     """Per-sample lengths of a jagged tensor, or the width of every row of a dense one."""
     if tensor.is_nested:
         return [int(n) for n in tensor.offsets().diff().tolist()]
@@ -102,15 +109,15 @@ def prompt_lengths(micro_batch: Any) -> list[int]:
     prompts = micro_batch.get("prompts", None)
     if prompts is not None:
         if prompts.is_nested:
-            return _lengths(prompts)
+            return row_lengths(prompts)
         mask = micro_batch.get("attention_mask", None)
         if mask is not None and not mask.is_nested:
             return [int(n) for n in mask[:, : prompts.shape[-1]].sum(-1).tolist()]
-        return _lengths(prompts)
+        return row_lengths(prompts)
     responses = micro_batch.get("response_mask", micro_batch.get("responses", None))
     if responses is None:
         raise ValueError("the micro-batch has neither 'prompts' nor 'responses'/'response_mask'")
-    return [s - r for s, r in zip(_lengths(micro_batch["input_ids"]), _lengths(responses), strict=True)]
+    return [s - r for s, r in zip(row_lengths(micro_batch["input_ids"]), row_lengths(responses), strict=True)]
 
 
 def is_trimmed(micro_batch: Any) -> bool:
@@ -119,7 +126,7 @@ def is_trimmed(micro_batch: Any) -> bool:
     if responses is None:
         return False
     if responses.is_nested:
-        return all(n == 0 for n in _lengths(responses))
+        return all(n == 0 for n in row_lengths(responses))
     return responses.shape[-1] == 0
 
 
@@ -146,13 +153,20 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     """One :class:`SampleInfo` per sample of a verl micro-batch (jagged ``input_ids``)."""
     from verl.utils import tensordict_utils as tu
 
-    sequences = micro_batch["input_ids"].unbind()
+    input_ids = micro_batch["input_ids"]
+    if input_ids.is_nested:  # slices of its values: unbind() costs ten times more, in every micro-batch
+        values, bounds = input_ids.values(), input_ids.offsets().tolist()
+        sequences = [values[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    else:
+        sequences = input_ids.unbind()
     count = len(sequences)
     lengths = prompt_lengths(micro_batch)
     uids = _per_sample(tu.get(micro_batch, "uid"), count)
     sessions = _per_sample(tu.get(micro_batch, "session_id"), count)
     firsts = _sample_field(micro_batch, REQUEST_ID, count)
     every = _sample_field(micro_batch, ALL_REQUEST_IDS, count)
+    seq_lens = [int(sequence.shape[-1]) for sequence in sequences]
+    offsets = [sum(seq_lens[:i]) for i in range(count)]
     return [
         SampleInfo(
             index=i,
@@ -162,7 +176,9 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
             request_ids=_request_ids(every[i] if every[i] is not None else firsts[i]),
             prompt_len=lengths[i],
             prompt_hash=join_keys.prompt_hash(sequences[i][: lengths[i]].tolist()),
-            seq_len=int(sequences[i].shape[-1]),
+            seq_len=seq_lens[i],
+            response_len=seq_lens[i] - lengths[i],
+            offset=offsets[i],
         )
         for i in range(count)
     ]
@@ -201,16 +217,28 @@ def prompt_only_micro_batch(micro_batch: Any, index: int, prompt_len: int) -> An
     longest sequence (``forced_max_seqlen``, verl 0.9) is dropped: only the prompt's own forward
     is wanted.
     """
+    return _one_sample(micro_batch, index, prompt_len)
+
+
+def sequence_micro_batch(micro_batch: Any, index: int, seq_len: int) -> Any:
+    """Sample ``index`` of ``micro_batch`` alone, over its whole sequence (``DUMP_SEQUENCES=1``): as
+    :func:`prompt_only_micro_batch`, with nothing cut (``seq_len`` is the sample's own length)."""
+    return _one_sample(micro_batch, index, seq_len)
+
+
+def _one_sample(micro_batch: Any, index: int, length: int) -> Any:
+    """Sample ``index`` as a one-sample micro-batch over its first ``length`` tokens (see
+    :func:`prompt_only_micro_batch`)."""
     import torch
     from verl.utils import tensordict_utils as tu
 
     one = tu.index_select_tensor_dict(micro_batch, [index])
     for key in ("input_ids", "position_ids"):
         full = micro_batch[key]
-        one[key] = _one_row(full.unbind()[index][..., :prompt_len], full)
+        one[key] = _one_row(full.unbind()[index][..., :length], full)
     loss_mask = micro_batch.get("loss_mask", None)
     if loss_mask is not None:
-        zeros = torch.zeros(prompt_len, dtype=loss_mask.dtype, device=loss_mask.device)
+        zeros = torch.zeros(length, dtype=loss_mask.dtype, device=loss_mask.device)
         one["loss_mask"] = _one_row(zeros, micro_batch["input_ids"])
     tu.assign_non_tensor(
         one, calculate_entropy=False, calculate_sum_pi_squared=False, distillation_use_topk=False, compute_loss=False
@@ -226,3 +254,28 @@ def samples_and_step(micro_batch: Any) -> tuple[list[SampleInfo], Any]:
 
 def prompt_only_batches(micro_batch: Any, samples: list[SampleInfo]) -> list[Any]:
     return [prompt_only_micro_batch(micro_batch, sample.index, sample.prompt_len) for sample in samples]
+
+
+def sequence_batches(micro_batch: Any, samples: list[SampleInfo]) -> list[Any]:
+    return [sequence_micro_batch(micro_batch, sample.index, sample.seq_len) for sample in samples]
+
+
+def selected(sample: SampleInfo, wanted: frozenset[str]) -> bool:
+    """Whether ``DUMP_REQUEST_IDS`` (``wanted``, as the user wrote them) names one of the sample's requests.
+
+    Any of its requests (every turn's) counts; vLLM's ``-xxxxxxxx`` suffix is ignored on both sides:
+    the user may have copied an id from the inference side's dispatch log. No filter selects every sample.
+    """
+    if not wanted:
+        return True
+    ids = {sample.request_id, *sample.request_ids} - {None}
+    stripped = {join_keys.strip_vllm_suffix(wanted_id) for wanted_id in wanted}
+    return any(join_keys.strip_vllm_suffix(str(request_id)) in stripped for request_id in ids)
+
+
+def packs_samples(micro_batch: Any) -> bool:
+    """Whether the engine packs the micro-batch's samples back to back into one row (verl's remove-padding
+    input, the default) rather than padding each to a row of its own."""
+    from verl.utils import tensordict_utils as tu
+
+    return bool(tu.get(micro_batch, "use_remove_padding", True))

@@ -72,3 +72,10 @@ def test_the_reference_table_shows_each_record():
 @pytest.mark.parametrize(("raw", "disabled"), [("verl.fsdp", True), ("vllm.model_runner", False), ("*", True)])
 def test_a_patch_is_disabled_by_its_name_or_by_every_patch(raw, disabled):
     assert config.load({"MSPROBE_HOOKS_DISABLE": raw}).patch_disabled("verl.fsdp") is disabled
+
+
+def test_request_ids_and_the_gap_threshold_are_read_as_written():
+    loaded = config.load({"DUMP_REQUEST_IDS": " req-1 , 4f2a-0123abcd,req-1", "MSPROBE_HOOKS_GAP_THRESHOLD": " 1e-2 "})
+    assert loaded.dump_request_ids == frozenset({"req-1", "4f2a-0123abcd"})  # vLLM's suffix: stripped where compared
+    assert loaded.gap_threshold == 0.01
+    assert config.load({}).dump_request_ids == frozenset() and config.load({}).gap_threshold == 0.1

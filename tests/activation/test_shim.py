@@ -93,6 +93,13 @@ BAD_VALUES = [
     ("DUMP_ON", "maybe", "accepted: 1/0, true/false"),
     ("DUMP_PHASE", "lgo_prob", "accepted: log_prob, update_actor, all"),
     ("PROMPTS_ONLY", "2", "accepted: 0, 1, trim"),
+    ("DUMP_SEQUENCES", "maybe", "accepted: 1/0, true/false"),
+    ("DUMP_REQUEST_IDS", "req-1,,req-2", "accepted: comma-separated request ids"),
+    ("DUMP_REQUEST_IDS", "req-1,req 2", "(no empty item, no space inside an id)"),
+    ("MSPROBE_HOOKS_GAP_THRESHOLD", "0", "accepted: a positive number"),
+    ("MSPROBE_HOOKS_GAP_THRESHOLD", "-0.5", "accepted: a positive number"),
+    ("MSPROBE_HOOKS_GAP_THRESHOLD", "nan", "accepted: a positive number"),
+    ("MSPROBE_HOOKS_GAP_THRESHOLD", "ten", "accepted: a positive number"),
     ("MSPROBE_ACTOR_CONFIG", "/does/not/exist.json", "(no such file)"),
     ("MSPROBE_GENERATE_CONFIG", "/does/not/exist.json", "(no such file)"),
     ("MSPROBE_HOOKS_STRICT", "sure", "accepted: 1/0"),
@@ -159,6 +166,16 @@ def test_a_writable_dump_root_is_accepted_and_not_created_at_start_up(tmp_path):
     result = run_python("print('user code ran')", shim_env(DUMP_ON="1", MSPROBE_HOOKS_OUTPUT_DIR=str(root)))
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "not").exists()
+
+
+def test_whole_sequences_cannot_be_dumped_from_a_trimmed_batch():
+    # Each value is valid alone; together they ask for responses that the trim cuts off.
+    result = run_python("print('user code ran')", shim_env(DUMP_ON="1", DUMP_SEQUENCES="1", PROMPTS_ONLY="trim"))
+    assert result.returncode == 2 and "user code ran" not in result.stdout
+    assert result.stderr.splitlines() == [
+        "msprobe-hooks: error: DUMP_SEQUENCES='1' is not valid (PROMPTS_ONLY=trim cuts the responses off the "
+        "batch: no whole sequence is left to dump); accepted: 0 with PROMPTS_ONLY=trim"
+    ]
 
 
 def test_every_bad_variable_is_reported_at_once():

@@ -10,6 +10,7 @@ engine's end-to-end pair is a separate test.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -220,8 +221,52 @@ def test_prompt_hash_rule_when_the_engine_gives_no_id(training, gen, tmp_path):
         gen.step(n, [full_prefill(sample, request_id=None)])
     status, out, err, found = align(training, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
-    assert keys(found) == [("prompt_hash", prompt_hash(s.prompt), n, n, 0) for n, s in enumerate(SAMPLES)]
+    # The key is the hash as align joins it: with its definition's version (v2, SHA-1 over the ids' bytes).
+    assert keys(found) == [("prompt_hash", f"{prompt_hash(s.prompt)}/v2", n, n, 0) for n, s in enumerate(SAMPLES)]
     assert "(prompt_hash: 4)" in out
+
+
+def _v1_hash(ids) -> str:
+    """The first definition of the prompt hash (logs before the version field): SHA-1 of the decimal ids."""
+    return hashlib.sha1(",".join(str(int(t)) for t in ids).encode()).hexdigest()[:16]
+
+
+def _as_version_1(root: Path) -> None:
+    """Rewrite a training log as an older msprobe-hooks wrote it: first-definition hashes, no version field."""
+    (log,) = root.glob("*/update_actor_log.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line, sample in zip(lines, SAMPLES, strict=True):
+        del line["prompt_hash_version"]
+        line["samples"][0]["prompt_hash"] = _v1_hash(sample.prompt)
+    log.write_text("".join(compact(line) + "\n" for line in lines))
+
+
+def test_prompt_hashes_join_only_within_one_definition(training, gen, tmp_path):
+    old = tmp_path / "train"
+    shutil.copytree(training, old)
+    _as_version_1(old)
+    assert [train_lines(old)[n]["samples"][0]["prompt_hash"] for n in range(2)] != [
+        train_lines(training)[n]["samples"][0]["prompt_hash"] for n in range(2)
+    ]
+    for n, sample in enumerate(SAMPLES):  # an engine that gives no request id: the hash is the only key
+        gen.step(n, [full_prefill(sample, request_id=None)])
+    status, stdout, _, found = align(training, gen.root, tmp_path / "new.jsonl")
+    assert status == 0 and [p["rule"] for p in found] == ["prompt_hash"] * len(SAMPLES)
+    # An older training log against today's dispatch log: equal prompts, hashes of two definitions. Never a
+    # match by accident: nothing pairs, each counted as having no counterpart.
+    status, stdout, _, found = align(old, gen.root, tmp_path / "mixed.jsonl")
+    assert found == [] and table(stdout)["no counterpart"][0] == len(SAMPLES)
+    # Both logs from before the version: the first definition still joins them.
+    older = tmp_path / "older"
+    for n, sample in enumerate(SAMPLES):
+        record = step_record(engine="vllm", engine_version="0.32.0", rank=0, step=n, dumped=True, requests=[
+            full_prefill(sample, request_id=None)._replace(prompt_hash=_v1_hash(sample.prompt))
+        ])  # fmt: skip
+        del record["prompt_hash_version"]
+        GenTree(older, gen.dumps).line(record)
+        GenTree(older, gen.dumps).copy_dump(len(sample.prompt), GEN_PID, n, 0)
+    status, stdout, _, found = align(old, older, tmp_path / "old.jsonl")
+    assert [(p["rule"], p["key"]) for p in found] == [("prompt_hash", _v1_hash(s.prompt)) for s in SAMPLES]
 
 
 def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path):

@@ -330,3 +330,14 @@ def test_the_wheel_installs_into_a_clean_venv_and_works_there(tmp_path):
     probe = "import json, sys; print(json.dumps(sys.modules['msprobe_hooks'].current_config() is not None))"
     active = subprocess.run([str(python), "-c", probe], env=on, capture_output=True, text=True)
     assert active.returncode == 0 and active.stdout.strip() == "true", active.stderr
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
+    # `msprobe-hooks align ... | head`: the pipe's only reader is gone before the command writes.
+    golden = REPO / "tests" / "golden" / "fsdp2" / "actor", REPO / "tests" / "golden" / "vllm" / "generate"
+    command = [sys.executable, "-m", "msprobe_hooks", "align", *map(str, golden), "-o", str(tmp_path / "p.jsonl")]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    child.stdout.close()
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr

@@ -28,6 +28,7 @@ VERL_FSDP = "verl FSDP engine"
 VERL_MEGATRON = "verl Megatron engine"
 VERL_OTHER = "verl Megatron, legacy actor, profiler guard"
 PROMPTS_ONLY = "prompts-only"
+LOGPROB_GAP = "log-prob gap"
 REQUEST_IDS = "request ids"
 TRIM = "v0/v1 trim"
 PREFLIGHT = "preflight"
@@ -52,7 +53,7 @@ CELLS: dict[str, tuple[str, ...]] = {
     "msprobe stop() raises": (VERL_FSDP, VERL_MEGATRON, PROMPTS_ONLY),
     "msprobe step() raises": (VERL_FSDP, VERL_MEGATRON, PROMPTS_ONLY),
     "msprobe rejects the config": (VERL_FSDP, PROMPTS_ONLY),
-    "our code raises inside the patch": (PROMPTS_ONLY, TRIM, PREFLIGHT, REQUEST_IDS),
+    "our code raises inside the patch": (PROMPTS_ONLY, LOGPROB_GAP, TRIM, PREFLIGHT, REQUEST_IDS),
     "a prompt-only forward fails on one rank": (PROMPTS_ONLY,),
     "dump root unwritable at start-up": (START_UP,),
     "dump root turns read-only mid-run": (VERL_FSDP,),

@@ -35,7 +35,7 @@ from msprobe_hooks.training import prompts_only
 ctx = PatchContext("verl.trim_ray_trainer", None, bootstrap.current_config())
 batch = {"input_ids": "whole"}
 for _ in range(2):
-    prompts_only.trim_before_old_log_prob(ctx, bootstrap.current_config(), {}, fail)
+    prompts_only.trim_before_old_log_prob(ctx, {}, fail)
 print(json.dumps({"result": batch["input_ids"]}))
 """,
         {"PROMPTS_ONLY": "trim"},
@@ -117,4 +117,26 @@ def test_cutting_the_prompts_failing_skips_every_prompt_forward(strict, tmp_path
         lines = fm.our_lines(run.stderr)
         assert len(lines) == 1 and "cutting the prompts failed" in lines[0], lines
         assert run.log_lines() == []  # no prompt dumped (the update is not dumped: DUMP_PHASE=log_prob)
+        fm.check_logs(run.dump_root, tally)
+
+
+@pytest.mark.parametrize("strict", ["0", "1"])
+def test_the_log_prob_gap_failing_leaves_the_engine_and_its_dumps_as_they_were(strict, tmp_path, model_dir, baseline):
+    # The batches carry the rollout's log-probs; the gap raises in each of the four log-prob micro-batches.
+    with fm.cell("our code raises inside the patch", fm.LOGPROB_GAP, strict=strict == "1") as tally:
+        run = faulted(tmp_path, model_dir, "gap", {"rollout_log_probs": True}, MSPROBE_HOOKS_STRICT=strict)
+        tally.runs += 1
+        if strict == "1":
+            assert_stopped(run, "computing the log-prob gap failed")
+            return
+        assert_unchanged(run, baseline)
+        lines = fm.our_lines(run.stderr)
+        assert len(lines) == 1 and "patch verl.fsdp_engine: the log-prob gap failed" in lines[0], lines
+        assert fm.INJECTED in lines[0]
+        # The dumps are not the gap's: both log-prob passes' micro-batches are dumped and logged.
+        assert [(line["phase"], line["micro_batch"]) for line in run.log_lines()] == [
+            ("log_prob", 0),
+            ("log_prob", 1),
+        ] * 2
+        assert not list(run.dump_root.glob("*/logprob_gap.jsonl"))
         fm.check_logs(run.dump_root, tally)

@@ -22,7 +22,7 @@ from msprobe_hooks.patches import all_patches
 
 from . import fault_matrix as fm
 
-CANDIDATES = ("bogus", "/proc/bogus", "no-such-module:ATTRIBUTE")
+CANDIDATES = ("bogus", "/proc/bogus", "no-such-module:ATTRIBUTE", "bogus,,bogus")
 HOST = "print('the host ran')"
 
 

@@ -121,3 +121,23 @@ def test_argument_parsing_lives_in_cli_alone():
         if isinstance(node, ast.Attribute) and node.attr in ("add_argument", "ArgumentParser", "add_subparsers")
     }
     assert parsers and all(name.startswith("msprobe_hooks.cli.") for name in parsers)
+
+
+# What starts a real engine or a fresh interpreter from a test module (tests/support/): the fast tier
+# (make test-fast, `not engine and not interpreter`) must never run it.
+SLOW_HELPERS = ("run_engine", "run_loop", "run_training", "run_vllm", "run_sglang", "run_python", "subprocess")
+
+
+def test_every_test_module_that_starts_an_engine_or_interpreter_is_marked():
+    unmarked = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marked = any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+            for node in tree.body
+        )
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        used |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        if not marked and used & set(SLOW_HELPERS) and path.parent.name != "faults":  # faults/: marked by conftest
+            unmarked.append(f"{path.relative_to(REPO)} ({', '.join(sorted(used & set(SLOW_HELPERS)))})")
+    assert not unmarked, "unmarked test modules that start engines or interpreters: " + "; ".join(unmarked)

@@ -3,8 +3,11 @@
 Three loops of ``cpu_kit/rl_loop.py`` on the demo's model and prompts, each with the hooks on from
 the environment: healthy (two global steps); with a planted sync fault (layer 1's ``down_proj``
 left out of the hand-over from step 2); with the decode-only fault of the kit's vLLM plugin
-(``CPU_KIT_DECODE_FAULT``, one step). Same weights and prompts make the engines bit-reproducible
-across runs here, so each faulty run is checked against the healthy one dump by dump. One more
+(``CPU_KIT_DECODE_FAULT``, one step; tensor mode, and ``DUMP_SEQUENCES=1`` on the training side
+so each response token's rows can be cut). Same weights and prompts make the engines
+bit-reproducible across runs here, so each faulty run is checked against the healthy one dump by
+dump; then ``align`` and ``compare`` must say the same from the dumps alone: nothing on the healthy
+loop, the dropped tensor from global step 2 on, the decode path for the decode fault. One more
 engine is driven directly (:class:`cpu_kit.vllm_engine.VllmEngine`): packed generation, weights
 handed over and back, an error answer. Each run starts a vLLM engine (~20-70 s on 2 cores).
 """
@@ -15,8 +18,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pandas
 import pytest
+from support.compare_runs import msprobe_config
 from support.interpreter import run_python
+from support.pages import figures_drawn, rendered
 from support.real_vllm import VLLM_PYTHON, engine_env
 from support.rl_loop import LoopRun, run_loop
 from support.vllm_standin import dumped_steps
@@ -24,6 +30,9 @@ from support.vllm_standin import dumped_steps
 from cpu_kit import demo_inputs
 from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
 from cpu_kit.vllm_engine import EngineError, VllmEngine
+from msprobe_hooks.analysis.results import Verdict
+from msprobe_hooks.analysis.symptom import CausePath
+from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -57,14 +66,40 @@ def sync_fault(tmp_path_factory, inputs) -> LoopRun:
 
 @pytest.fixture(scope="module")
 def decode_fault(tmp_path_factory, inputs) -> LoopRun:
-    fault = {"CPU_KIT_DECODE_FAULT": f"{FAULT_MODULE}:{DECODE_FACTOR}"}
-    return run_loop(tmp_path_factory.mktemp("decode_fault"), inputs, "--iterations", "1", **fault)
+    work = tmp_path_factory.mktemp("decode_fault")
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    env = {
+        "CPU_KIT_DECODE_FAULT": f"{FAULT_MODULE}:{DECODE_FACTOR}",
+        "DUMP_SEQUENCES": "1",
+        "MSPROBE_ACTOR_CONFIG": tensor,
+        "MSPROBE_GENERATE_CONFIG": tensor,
+    }
+    return run_loop(work, inputs, "--iterations", "1", **env)
+
+
+def _statistics(entry: object) -> object:
+    """A dump entry without its tensor files' names: statistics mode and tensor mode then compare."""
+    if isinstance(entry, dict):
+        return {k: _statistics(v) for k, v in entry.items() if k != "data_name"}
+    if isinstance(entry, list):
+        return [_statistics(v) for v in entry]
+    return entry
 
 
 def first_difference(ours: dict, theirs: dict) -> str | None:
     """The first dump entry, in execution order, whose statistics differ between two dumps of one step."""
     assert list(ours) == list(theirs)
-    return next((name for name in ours if ours[name] != theirs[name]), None)
+    return next((name for name in ours if _statistics(ours[name]) != _statistics(theirs[name])), None)
+
+
+def analysed(run: LoopRun, out: Path, capsys) -> tuple[pandas.DataFrame, str, Path]:
+    """``align`` + ``compare`` on a loop's dumps, as a user runs them: pairs.csv, what compare printed, the report."""
+    pairs_file, report = out / "pairs.jsonl", out / "report"
+    assert main(["align", str(run.train_root), str(run.generate_root), "-o", str(pairs_file)]) == 0
+    status = main(["compare", str(pairs_file), "-o", str(report), "--tensorboard", str(out / "tb")])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    return pandas.read_csv(report / "pairs.csv", keep_default_na=False), printed, report
 
 
 def rows(line: dict) -> list[dict]:
@@ -246,3 +281,42 @@ def test_the_engine_server_packs_reloads_and_survives_an_error(tmp_path, inputs)
     assert [(o["token_ids"], o["logprobs"]) for o in restored] == [(o["token_ids"], o["logprobs"]) for o in outputs]
     assert "no-such-folder" in str(refused.value)
     assert [(o["token_ids"], o["logprobs"]) for o in after_error] == [(o["token_ids"], o["logprobs"]) for o in outputs]
+
+
+def test_the_report_names_nothing_on_the_healthy_loop_and_the_dropped_tensor_from_step_2(
+    healthy, sync_fault, tmp_path, capsys
+):
+    count = len(demo_inputs.PROMPT_LENS)
+    clean, printed, _ = analysed(healthy, tmp_path / "healthy", capsys)
+    assert len(clean) == 2 * count and set(clean["verdict"]) == {Verdict.NO_DIVERGENCE.value}
+    assert "run: no global step diverges (2 steps compared)" in printed
+    found, printed, report = analysed(sync_fault, tmp_path / "sync_fault", capsys)
+    by_step = {g: found[found["global_step"] == g] for g in (1, 2)}
+    assert len(by_step[1]) == len(by_step[2]) == count  # every prefill paired within its own global step
+    assert set(by_step[1]["verdict"]) == {Verdict.NO_DIVERGENCE.value}
+    assert set(by_step[2]["verdict"]) == {Verdict.DIVERGES.value}
+    # The stale weight moves its module's output by 3e-4..4e-3: the step rule names it, the fixed 2e-2 cannot.
+    assert set(by_step[2]["first_module"] + " " + by_step[2]["first_io"]) == {f"{demo_inputs.PERTURBED_MODULE} output"}
+    assert set(by_step[2]["first_rule"]) == {"step"}
+    module = demo_inputs.PERTURBED_MODULE
+    assert f"run: global step 2 is the first to diverge, at {module} output ({count} of {count}" in printed
+    assert "1 steps before it clean" in printed
+    dom = rendered(report / "index.html")
+    assert figures_drawn(dom) == 2  # the depth plot and the run's heatmap, drawn by the browser
+
+
+def test_the_report_traces_the_decode_faults_gap_to_the_decode_path(decode_fault, tmp_path, capsys):
+    found, printed, report = analysed(decode_fault, tmp_path, capsys)
+    prefill, decode = found[found["kind"] == "prefill"], found[found["kind"] == "decode"]
+    assert len(prefill) == len(demo_inputs.PROMPT_LENS)
+    assert set(prefill["verdict"]) == {Verdict.NO_DIVERGENCE.value}  # the prompts' forwards agree
+    # Every response token after the first comes from a decode step, each one paired and each named.
+    assert len(decode) == STEPS_PER_ROLLOUT - len(demo_inputs.PROMPT_LENS)
+    assert set(decode["verdict"]) == {Verdict.DIVERGES.value}
+    assert set(decode["first_module"] + " " + decode["first_io"]) == {f"{demo_inputs.PERTURBED_MODULE} output"}
+    samples = pandas.read_csv(report / "samples.csv")
+    assert len(samples) == len(demo_inputs.PROMPT_LENS)
+    assert set(samples["path"]) == {CausePath.DECODE.value}
+    assert (samples["gap_max"] > FP32_GAP).all()  # the symptom the cause is given for
+    assert CausePath.DECODE.value in printed
+    assert figures_drawn(rendered(report / "index.html")) == 2  # the depth plot and the decode heatmap

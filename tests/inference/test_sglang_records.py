@@ -40,6 +40,8 @@ RECORD_FIELDS = [
     "num_requests",
     "prefill_requests",
     "requests",
+    "prompt_hash_version",  # ours, after the published fields
+    "time",
 ]
 REQUEST_FIELDS = [
     "request_id",

@@ -59,8 +59,10 @@ def _run(command: list[str], env: dict[str, str], log: Path) -> None:
     )
 
 
-def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
-    """verl's FSDP2 engine, one prompt-only dump per prompt; returns the training dump root."""
+def run_training(
+    tmp: Path, model: Path, prompts: Path, config: str, engine: str = "fsdp", tensor_parallel: int = 1
+) -> Path:
+    """verl's FSDP2 (or Megatron) engine, one prompt-only dump per prompt; returns the training dump root."""
     env = shim_env(
         DUMP_ON="1",
         PROMPTS_ONLY="1",
@@ -69,8 +71,12 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
         TORCHDYNAMO_DISABLE="1",
         OMP_NUM_THREADS="1",
     )
-    command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
-    _run([*command, os.fspath(prompts)], env, tmp / "train.log")
+    launch = [sys.executable]
+    if tensor_parallel > 1:
+        launch += ["-m", "torch.distributed.run", f"--nproc_per_node={tensor_parallel}"]
+    command = [*launch, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
+    command += [os.fspath(prompts), "--engine", engine, "--tensor-parallel", str(tensor_parallel)]
+    _run(command, env, tmp / "train.log")
     return tmp / "actor"
 
 

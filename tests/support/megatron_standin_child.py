@@ -6,11 +6,14 @@ Run by ``tests/training/test_verl_megatron_standin.py`` as
 The spec:
 
 * ``samples``: ``count``/``seed``/``prompt_lens``/``response_lens`` of the global sample set (split over ranks);
+  ``rollout_log_probs``: each carries the rollout's log-probs, ``-2 - 0.1 j`` for response token ``j``;
 * ``keep``: ``{rank: n}``, that rank keeps only its first n samples;
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
-* ``scenarios``: one log-prob pass each, in order: ``name``; ``engine``: ``forward_only`` (the ref
-  engine), ``pipeline`` (parallel size), ``router_replay`` (mode), ``dynamic_context_parallel``;
-  ``trimmed`` (responses cut off, as the trainer's trim does); ``grad`` (run the pass with grad enabled);
+* ``scenarios``: one pass each, in order: ``name``; ``engine``: ``value_head``, ``forward_only``
+  (the ref engine), ``chunks``, ``pipeline`` (parallel size), ``router_replay`` (mode),
+  ``dynamic_context_parallel``; ``trimmed`` (responses cut off, as the trainer's trim does);
+  ``forward_only`` (default true: a log-prob pass; false: an update); ``grad`` (run a log-prob pass with grad
+  enabled); ``middle_stage`` (not the last pipeline stage); ``flags`` (non-tensor batch fields);
 * ``out``: the folder for the report.
 
 Report ``{out}/rank{R}.json``: ``status`` (patch states), ``outcomes`` (``ok`` or ``refused: …``),
@@ -24,6 +27,7 @@ import importlib
 import json
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 SPEC = json.loads(sys.argv[1])
@@ -39,6 +43,16 @@ from support.megatron_standin import TARGET  # noqa: E402
 from support.megatron_standin import install as install_standin  # noqa: E402
 
 
+def _plain(model_output: dict) -> list:
+    """The one tensor of a micro-batch's model output (log-probs, jagged; or values) as a list."""
+    (tensor,) = model_output.values()
+    return (tensor.values() if tensor.is_nested else tensor).tolist()
+
+
+def loss_function(**kwargs):
+    raise AssertionError("the stand-in computes its own loss")
+
+
 def main() -> None:
     rank, world_size = verl_cpu.init_process()
     install_standin()
@@ -51,6 +65,8 @@ def main() -> None:
         prompt_lens=rows.get("prompt_lens", (5, 7, 4, 6)),
         response_lens=rows.get("response_lens", (3, 4)),
     )
+    if rows.get("rollout_log_probs"):
+        samples = [replace(s, rollout_log_probs=tuple(-2.0 - 0.1 * j for j in range(len(s.response)))) for s in samples]
     mine = verl_cpu.shard(samples, rank, world_size)[: SPEC.get("keep", {}).get(str(rank))]
     if SPEC.get("padding_on_rank") == rank:
         mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
@@ -65,22 +81,28 @@ def main() -> None:
             dynamic_context_parallel=setup.get("dynamic_context_parallel", False),
             router_replay=types.SimpleNamespace(mode=setup.get("router_replay", "disabled")),
         )
-        chunk = standin.make_chunk()
+        chunks = [standin.make_chunk(i) for i in range(setup.get("chunks", 1))]
         calls = forwards[name] = []
 
         def record(module, inputs, output, calls=calls):
             calls.append([list(inputs[0].shape), torch.is_grad_enabled()])
 
-        chunk.register_forward_hook(record)
-        engine = standin.MegatronEngineWithLMHead(config, [chunk])
-        batch = verl_cpu.make_batch(trimmed if scenario.get("trimmed") else mine)
+        for chunk in chunks:
+            chunk.register_forward_hook(record)
+        cls = standin.MegatronEngineWithValueHead if setup.get("value_head") else standin.MegatronEngineWithLMHead
+        engine = cls(config, chunks)
+        batch = verl_cpu.make_batch(trimmed if scenario.get("trimmed") else mine, **scenario.get("flags", {}))
+        forward_only = scenario.get("forward_only", True)
+        standin.mpu.last_stage = not scenario.get("middle_stage", False)
         try:
-            with torch.enable_grad() if scenario.get("grad") else torch.no_grad():
-                metas = engine.forward_backward_batch(batch, None, forward_only=True)
+            with torch.enable_grad() if not forward_only or scenario.get("grad") else torch.no_grad():
+                metas = engine.forward_backward_batch(batch, None if forward_only else loss_function, forward_only)
             outcomes[name] = "ok"
-            outputs[name] = [meta["model_output"].tolist() for meta in metas]
+            outputs[name] = [_plain(meta["model_output"]) for meta in metas]
         except DumpRefused as exc:
             outcomes[name] = "refused: " + str(exc)
+        finally:
+            standin.mpu.last_stage = True
 
     report = {
         "rank": rank,

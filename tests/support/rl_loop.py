@@ -2,8 +2,9 @@
 
 The loop runs as a user runs it: the training venv's interpreter (this one) on the script, the
 shim on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1`` and the demo's msprobe config (statistics, L0)
-for both sides; the vLLM engine it starts in ``.venv-vllm`` inherits that environment, so each
-side dumps every global step from the environment alone. Dumps go under ``WORK/dumps/{actor,generate}``.
+for both sides unless the caller sets others; the vLLM engine it starts in ``.venv-vllm`` inherits
+that environment, so each side dumps every global step from the environment alone. Dumps go under
+``WORK/dumps/{actor,generate}``.
 """
 
 from __future__ import annotations
@@ -68,13 +69,15 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     work.mkdir(parents=True, exist_ok=True)
     env = shim_env(
-        DUMP_ON="1",
-        PROMPTS_ONLY="1",
-        MSPROBE_HOOKS_OUTPUT_DIR=str(work / "dumps"),
-        MSPROBE_ACTOR_CONFIG=str(MSPROBE_CONFIG),
-        MSPROBE_GENERATE_CONFIG=str(MSPROBE_CONFIG),
-        TORCHDYNAMO_DISABLE="1",
-        **env,
+        **{
+            "DUMP_ON": "1",
+            "PROMPTS_ONLY": "1",
+            "MSPROBE_HOOKS_OUTPUT_DIR": str(work / "dumps"),
+            "MSPROBE_ACTOR_CONFIG": str(MSPROBE_CONFIG),
+            "MSPROBE_GENERATE_CONFIG": str(MSPROBE_CONFIG),
+            "TORCHDYNAMO_DISABLE": "1",
+            **env,  # the caller's settings win
+        }
     )
     out = work / "out"
     command = [sys.executable, str(LOOP), "--model", str(inputs / "model"), "--prompts", str(inputs / "prompts.jsonl")]

@@ -1,10 +1,14 @@
-"""A verl v0 trainer batch (DataProto) as verl's agent loop assembles it, with the trim's expected result.
+"""A verl v0 trainer batch (DataProto) as verl's agent loop assembles it, with the trim's expected result,
+and the same kind of batch as the v0 trainer hands it to the engine (:func:`v0_engine_batch`).
 
 Built independently of the trim: left-padded prompts, right-padded responses; what the published
 recipe's trim must leave is, by construction, the prompt block alone.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,3 +67,51 @@ def v0_batch(mrope: bool) -> tuple[DataProto, dict[str, torch.Tensor]]:
         "rm_scores": batch.batch["rm_scores"].clone(),
     }
     return batch, expected
+
+
+def v0_engine_batch(samples: Sequence[Any], micro_batch_size: int = 2, global_step: int = 1, **flags: Any) -> Any:
+    """What verl's v0 trainer hands the engine's log-prob pass for ``samples`` (``cpu_kit.verl_cpu.Sample``).
+
+    The DataProto as the agent loop pads it (left-padded prompts, right-padded responses, the rollout's
+    log-probs padded with zeros to the response width, as ``_InternalAgentLoopOutput``), then
+    ``RayPPOTrainer._compute_old_log_prob``'s own steps: ``to_tensordict`` and ``left_right_2_no_padding``.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from cpu_kit import verl_cpu
+
+    prompts = [list(s.prompt) for s in samples]
+    responses = [list(s.response) for s in samples]
+    prompt_width, response_width = max(map(len, prompts)), max(map(len, responses))
+    prompt_mask = _mask(prompts, prompt_width, left=True)
+    attention_mask = torch.cat([prompt_mask, _mask(responses, response_width, left=False)], dim=1)
+    tensors = {
+        "prompts": _left_pad(prompts, prompt_width),
+        "responses": _right_pad(responses, response_width),
+        "response_mask": _mask(responses, response_width, left=False),
+        "attention_mask": attention_mask,
+        "position_ids": torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0),
+    }
+    tensors["input_ids"] = torch.cat([tensors["prompts"], tensors["responses"]], dim=1)
+    if any(s.rollout_log_probs is not None for s in samples):
+        rows = [list(s.rollout_log_probs or [0.0] * len(s.response)) for s in samples]
+        tensors["rollout_log_probs"] = torch.tensor([row + [0.0] * (response_width - len(row)) for row in rows])
+    non_tensors = {"uid": np.array([s.uid for s in samples], dtype=object)}
+    if any(s.request_id is not None for s in samples):
+        non_tensors["request_id"] = np.array([s.request_id for s in samples], dtype=object)
+    batch = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"global_steps": global_step})
+    data = left_right_2_no_padding(batch.to_tensordict())
+    settings = {
+        "use_remove_padding": True,
+        "use_dynamic_bsz": False,
+        "micro_batch_size_per_gpu": micro_batch_size,
+        "use_fused_kernels": False,
+        "temperature": 1.0,
+        "calculate_entropy": True,
+        "compute_loss": False,
+        "pad_token_id": verl_cpu.PAD_TOKEN_ID,
+        **flags,
+    }
+    tu.assign_non_tensor(data, **settings)
+    return data

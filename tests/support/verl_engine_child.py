@@ -15,12 +15,19 @@ Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` 
 * ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
 * ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
 * ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob`` (Megatron: ``[b, s, v]``);
+* ``rollout_log_probs``: every sample carries the rollout's log-probs (near the tiny model's, ``-ln(vocab)``,
+  with a seeded spread of ±0.3, so some tokens are over the gap threshold and some under);
+* ``request_ids``: the request id of each global sample, instead of ``random_samples``' own;
+* ``masked``: ``[[global sample, response token], ...]`` whose ``response_mask`` is 0 (tool tokens);
+* ``layout``: ``"v1"`` (the default, ``verl_cpu.make_batch``) or ``"v0"`` (the DataProto path,
+  ``support.verl_batches.v0_engine_batch``);
 * ``out``: the folder for the report.
 
-Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits"}``
-(a file per rank: verl prints to stdout too, and two ranks would interleave). On a Megatron pipeline
-stage other than the last, ``log_probs`` and ``values`` are ``[]`` and ``loss`` None: its engine returns
-no output there.
+Output: ``{out}/rank{R}.json`` holding ``{"rank", "world_size", "results": [one dict per op], "logits",
+"fed"}``, ``fed`` being this rank's samples as the first op's batch gave them (``rollout_log_probs``,
+``response_mask``) (a file per rank: verl prints to stdout too, and two ranks would interleave). On a
+Megatron pipeline stage other than the last, ``log_probs`` and ``values`` are ``[]`` and ``loss`` None:
+its engine returns no output there.
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ if SPEC.get("fail_msprobe_start"):
     PrecisionDebugger.start = _failing_start
 
 
-# Run as a file: the repository root (cpu_kit) goes on sys.path.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# Run as a file: the repository root (cpu_kit) and tests/ (support) go on sys.path.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(_TESTS), _TESTS]
 from cpu_kit import megatron_cpu, verl_cpu  # noqa: E402
 
 MEGATRON = SPEC.get("backend") == "megatron"
@@ -66,6 +74,40 @@ def make_engine(role: str, micro: int):
     )
 
 
+def _with_rollout(samples: list, seed: int) -> list:
+    """``samples`` with rollout log-probs near the tiny random model's own (about ``-ln(vocab)`` each)."""
+    import math
+    from dataclasses import replace
+
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + seed)
+    centre = -math.log(verl_cpu.VOCAB_SIZE)
+    return [
+        replace(s, rollout_log_probs=tuple((centre + 0.6 * torch.rand(len(s.response), generator=gen) - 0.3).tolist()))
+        for s in samples
+    ]
+
+
+def _mask_tokens(batch, tokens: list[tuple[int, int]]) -> None:
+    """Set ``response_mask`` to 0 at (sample, response token) of ``batch``: jagged (v1) or dense (v0)."""
+    mask = batch["response_mask"]
+    for sample, token in tokens:
+        if mask.is_nested:
+            mask.values()[int(mask.offsets()[sample]) + token] = 0
+        else:
+            mask[sample, token] = 0
+
+
+def _fed(batch) -> list[dict]:
+    """Each sample's rollout log-probs and response mask, as the batch holds them."""
+    rollout = batch.get("rollout_log_probs", None)
+    return [
+        {"rollout_log_probs": None if rollout is None else rollout[i].tolist(), "response_mask": mask.tolist()}
+        for i, mask in enumerate(batch["response_mask"].unbind())
+    ]
+
+
 def main() -> None:
     rank, world_size = KIT.init_process()
     samples = verl_cpu.random_samples(
@@ -74,6 +116,13 @@ def main() -> None:
         prompt_lens=SPEC.get("prompt_lens", (5, 7, 4, 6)),
         response_lens=SPEC.get("response_lens", (3, 4)),
     )
+    if SPEC.get("request_ids"):
+        samples = [
+            verl_cpu.Sample(s.prompt, s.response, s.uid, s.session_id, request_id)
+            for s, request_id in zip(samples, SPEC["request_ids"], strict=True)
+        ]
+    if SPEC.get("rollout_log_probs"):
+        samples = _with_rollout(samples, SPEC.get("seed", 0))
     micro = SPEC.get("micro_batch_size", 2)
     flags = {}
     if "max_token_len" in SPEC:
@@ -86,15 +135,33 @@ def main() -> None:
             engines[role] = make_engine(role, micro)
         return engines[role]
 
+    def make_batch(mine: list, masked: list, trimmed: bool):
+        if SPEC.get("layout", "v1") == "v0":
+            from support.verl_batches import v0_engine_batch
+
+            batch = v0_engine_batch(mine, micro_batch_size=micro, **flags)
+        else:
+            batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
+        if trimmed:
+            from msprobe_hooks.training import prompts_only
+
+            batch.update(prompts_only.trim_jagged(batch))
+        _mask_tokens(batch, masked)
+        return batch
+
+    fed_samples = None
     logits: list[list] = []
     results = []
     for op in SPEC["ops"]:
         role, action = op.split(".")
         eng = engine(role)
         # Tensor-parallel ranks share their samples: the split is over data-parallel ranks.
-        mine = verl_cpu.shard(samples, eng.get_data_parallel_rank(), eng.get_data_parallel_size())
+        dp_rank, dp_size = eng.get_data_parallel_rank(), eng.get_data_parallel_size()
+        mine = verl_cpu.shard(samples, dp_rank, dp_size)
         if SPEC.get("padding_on_rank") == rank:
             mine[-1] = verl_cpu.Sample(mine[-1].prompt, mine[-1].response, uid="pad0c0ffee", session_id=0)
+        per_rank = len(samples) // dp_size
+        masked = [(i - dp_rank * per_rank, j) for i, j in SPEC.get("masked", []) if i // per_rank == dp_rank]
         calls: list[int] = []  # tokens of each root-module forward
         capture = SPEC.get("capture_logits") and op == "actor.log_prob"
 
@@ -105,11 +172,9 @@ def main() -> None:
                 logits.append((value if MEGATRON else value[0]).tolist())
 
         handle = root_module(eng).register_forward_hook(hook, with_kwargs=True)
-        batch = verl_cpu.make_batch(mine, micro_batch_size=micro, **flags)
-        if SPEC.get("trimmed") and action == "log_prob":
-            from msprobe_hooks.training import prompts_only
-
-            batch.update(prompts_only.trim_jagged(batch))
+        batch = make_batch(mine, masked, trimmed=SPEC.get("trimmed") and action == "log_prob")
+        if fed_samples is None:
+            fed_samples = _fed(make_batch(mine, masked, trimmed=False))
         if action == "log_prob":
             result = {"log_probs": [t.tolist() for t in KIT.log_probs(eng, batch)]}
         elif action == "values":
@@ -123,7 +188,7 @@ def main() -> None:
         handle.remove()
         result.update(op=op, forward_tokens=calls)
         results.append(result)
-    report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits}
+    report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits, "fed": fed_samples}
     with open(os.path.join(SPEC["out"], f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
 

@@ -132,8 +132,13 @@ def assert_same_outputs(run: EngineRun, baseline: EngineRun, indices: range, ran
             assert got.get(key) == want.get(key), f"rank {rank}: {got['op']} {key} differs with DUMP_ON=1"
 
 
-def expected_sample(index: int, samples: list[verl_cpu.Sample] = SAMPLES) -> dict:
-    """What the training log must say of ``samples[index]`` (all but its position in the micro-batch)."""
+def seq_len(index: int, samples: list[verl_cpu.Sample] = SAMPLES) -> int:
+    return len(samples[index].prompt) + len(samples[index].response)
+
+
+def expected_sample(index: int, samples: list[verl_cpu.Sample] = SAMPLES, offset: int | None = 0) -> dict:
+    """What the training log must say of ``samples[index]`` (all but its position in the micro-batch), at
+    ``offset`` in its micro-batch's packed input (None: not one packed row)."""
     sample = samples[index]
     return {
         "uid": sample.uid,
@@ -143,6 +148,8 @@ def expected_sample(index: int, samples: list[verl_cpu.Sample] = SAMPLES) -> dic
         "prompt_len": len(sample.prompt),
         "prompt_hash": join_keys.prompt_hash(sample.prompt),
         "seq_len": len(sample.prompt) + len(sample.response),
+        "offset": offset,
+        "response_len": len(sample.response),
     }
 
 

@@ -95,9 +95,11 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs, m
     assert [line["step"] for line in lines] == run.steps() == [0, 1, 2, 3]
     first = lines[0]
     assert first["source"] == "update_actor" and first["rank"] == 0 and first["global_step"] == 1
-    assert sample_fields(first) == [expected_sample(0), expected_sample(1)]
+    # BSHD: one padded row per sample, so no offset indexes the samples' tokens.
+    assert sample_fields(first) == [expected_sample(0, offset=None), expected_sample(1, offset=None)]
     assert first["request_ids"] == [SAMPLES[0].request_id, SAMPLES[1].request_id] and first["num_requests"] == 2
-    assert sample_fields(lines[1]) == [expected_sample(2), expected_sample(3)]
+    assert sample_fields(lines[1]) == [expected_sample(2, offset=None), expected_sample(3, offset=None)]
+    assert {line["layer_offset"] for line in lines} == {0}  # one pipeline stage: its layers are the model's
     # Each dump holds its micro-batch, BSHD: both samples, padded to the mini-batch's longest.
     for step in run.steps():
         dump = run.dump(step)
@@ -116,8 +118,8 @@ def test_update_phase_dumps_each_micro_batch_with_its_backward_and_changes_nothi
         (1, "update_actor", 1, "micro_batch"),
     ]
     assert run.steps() == [0, 1]
-    assert sample_fields(lines[0]) == [expected_sample(0), expected_sample(1)]
-    assert sample_fields(lines[1]) == [expected_sample(2), expected_sample(3)]
+    assert sample_fields(lines[0]) == [expected_sample(0, offset=None), expected_sample(1, offset=None)]
+    assert sample_fields(lines[1]) == [expected_sample(2, offset=None), expected_sample(3, offset=None)]
     for step in (0, 1):
         names = list(run.dump(step))
         assert EMBEDDING in names and _has_backward(run.dump(step)), f"step {step} lacks its forward or backward"
@@ -197,6 +199,8 @@ def test_pipeline_parallel_2_dumps_on_the_last_stage_only(runs) -> None:
     assert not list(run.dump_root.glob("step*/rank0"))
     lines = run.log_lines(1)
     assert [line["step"] for line in lines] == run.steps(1) == list(range(6))
+    # The last stage names its one layer layers.0: the line says it is the model's layer 1.
+    assert {line["layer_offset"] for line in lines} == {1}
     # No extra forward fits the pipeline schedule: the trimmed batches' real forwards are the prefills.
     assert [(line["phase"], line["micro_batch"], line["dump"]) for line in lines] == [
         ("log_prob", 0, "micro_batch"),
@@ -211,7 +215,7 @@ def test_pipeline_parallel_2_dumps_on_the_last_stage_only(runs) -> None:
         dump = run.dump(line["step"], 1)
         assert EMBEDDING not in dump  # the last stage holds the last layer, as its own layers.0
         trimmed = line["phase"] == "log_prob"
-        want = [expected_sample(i) for i in ((0, 1) if line["micro_batch"] == 0 else (2, 3))]
+        want = [expected_sample(i, offset=None) for i in ((0, 1) if line["micro_batch"] == 0 else (2, 3))]
         if trimmed:  # the trim leaves each sample its prompt alone
             want = [{**sample, "seq_len": sample["prompt_len"]} for sample in want]
         assert sample_fields(line) == want

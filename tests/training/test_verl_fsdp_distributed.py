@@ -7,6 +7,7 @@ the child exceed ``verl_runs.HANG_LIMIT_S`` and the test fail.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,34 @@ def test_all_phases_dump_every_micro_batch_on_every_rank(tmp_path: Path, model_d
             assert [s["uid"] for s in line["samples"]] == [s.uid for s in pair]
             assert [s["prompt_len"] for s in line["samples"]] == [len(s.prompt) for s in pair]
         assert any(".backward" in name for name in run.dump(3, rank))
+
+
+def test_sequences_of_requests_chosen_on_one_rank_keep_the_ranks_in_step(tmp_path: Path, model_dir: str) -> None:
+    # DUMP_REQUEST_IDS names one sample of rank 0's first micro-batch. Both ranks must run its
+    # whole-sequence forwards there (rank 1 undumped), and neither any in the second micro-batch.
+    prompt_lens = [5, 9, 4, 11, 6, 3, 8, 7]
+    samples = verl_cpu.random_samples(8, 3, prompt_lens=prompt_lens)
+    spec = {"ops": ["actor.log_prob"], "count": 8, "seed": 3, "prompt_lens": prompt_lens, "rollout_log_probs": True}
+    env = {"DUMP_PHASE": "log_prob", "DUMP_SEQUENCES": "1", "DUMP_REQUEST_IDS": samples[1].request_id}
+    run = run_engine(tmp_path, {**spec, "model_dir": model_dir}, world_size=2, **env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seq = [len(s.prompt) + len(s.response) for s in samples]
+    for rank in (0, 1):
+        first = 4 * rank
+        assert run.results(rank)[0]["forward_tokens"] == [
+            seq[first],
+            seq[first + 1],
+            seq[first] + seq[first + 1],
+            seq[first + 2] + seq[first + 3],
+        ]
+        paths = run.dump_root.glob(f"*/{join_keys.GAP_LOG}")
+        gaps = [json.loads(line) for path in paths for line in path.read_text().splitlines()]
+        assert sorted(line["request_id"] for line in gaps if line["rank"] == rank) == sorted(
+            s.request_id for s in samples[first : first + 4]
+        )
+    lines = run.log_lines(0)
+    assert [(line["step"], line["micro_batch"], line["dump"], line["request_ids"]) for line in lines] == [
+        (0, 0, "sequence", [samples[1].request_id])
+    ]
+    assert run.dump(0, 0)["Module.model.embed_tokens.FSDPEmbedding.forward.0"]["input_args"][0]["shape"] == [1, seq[1]]
+    assert run.log_lines(1) == [] and run.steps(1) == []

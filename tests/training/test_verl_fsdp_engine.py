@@ -23,10 +23,12 @@ from support.verl_runs import (
     expected_sample,
     run_engine,
     sample_fields,
+    seq_len,
     write_config,
 )
 
 from cpu_kit import verl_cpu
+from msprobe_hooks import join_keys
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -83,9 +85,9 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -
     assert [line["step"] for line in lines] == run.steps() == [0, 1, 2, 3]
     first = lines[0]
     assert first["source"] == "update_actor" and first["rank"] == 0 and first["global_step"] == 1
-    assert sample_fields(first) == [expected_sample(0), expected_sample(1)]
+    assert sample_fields(first) == [expected_sample(0), expected_sample(1, offset=seq_len(0))]
     assert first["request_ids"] == [SAMPLES[0].request_id, SAMPLES[1].request_id] and first["num_requests"] == 2
-    assert sample_fields(lines[1]) == [expected_sample(2), expected_sample(3)]
+    assert sample_fields(lines[1]) == [expected_sample(2), expected_sample(3, offset=seq_len(2))]
     # Each dump holds its micro-batch: both samples packed into one sequence.
     packed = len(SAMPLES[0].prompt + SAMPLES[0].response + SAMPLES[1].prompt + SAMPLES[1].response)
     embedding = run.dump(0)["Module.model.embed_tokens.FSDPEmbedding.forward.0"]
@@ -93,6 +95,9 @@ def test_log_prob_phase_dumps_each_actor_micro_batch_and_changes_nothing(runs) -
     assert not any("backward" in name for name in run.dump(0))
     # Log-prob dumps only: every output of every engine, the update included, is bit-identical.
     assert_same_outputs(run, baseline, range(len(OPS)))
+    # No rollout log-probs in these batches: no gap log, and no line about it.
+    assert not list(run.dump_root.glob(f"*/{join_keys.GAP_LOG}"))
+    assert "log-prob gap" not in run.stderr
 
 
 def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_filter(runs) -> None:
@@ -102,7 +107,7 @@ def test_update_phase_dump_holds_its_backward_and_the_log_follows_msprobe_step_f
     lines = run.log_lines()
     assert [(line["step"], line["phase"], line["micro_batch"]) for line in lines] == [(1, "update_actor", 1)]
     assert run.steps() == [1]
-    assert sample_fields(lines[0]) == [expected_sample(2), expected_sample(3)]
+    assert sample_fields(lines[0]) == [expected_sample(2), expected_sample(3, offset=seq_len(2))]
     names = list(run.dump(1))
     assert any(name.endswith(".backward") for name in names), "the update dump lacks its backward"
     assert names.index(next(n for n in names if n.endswith(".backward"))) > 0
@@ -215,6 +220,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, {repo!r})  # cpu_kit
 from cpu_kit import verl_cpu
+from msprobe_hooks import join_keys
 
 verl_cpu.register_cpu_platform()
 import torch

@@ -16,14 +16,16 @@ would on the real module, and real msprobe dumps its small torch chunks.
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 from support import REPO
+from support.logprob_gaps import assert_gap, expected_gap
 from support.megatron_standin import STANDIN, TARGET
 from support.verl_runs import EngineRun, run_engine
 
-from msprobe_hooks import contracts
+from msprobe_hooks import contracts, join_keys
 from msprobe_hooks.patches import PATCHES
 
 pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
@@ -174,3 +176,73 @@ def test_prompts_only_keeps_data_parallel_ranks_in_step(tmp_path: Path) -> None:
     assert len(forwards[0]) == len(forwards[1]) == 6
     # Rank 1 made up the missing sample by repeating its first one: the padding sample, 4 + 3 tokens.
     assert forwards[1][3:] == [[1, 4], [1, 4], [1, 7]]
+
+
+def _gap_lines(run: EngineRun) -> list[dict]:
+    paths = sorted(run.dump_root.glob(f"*/{join_keys.GAP_LOG}"))
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines()]
+
+
+def test_the_log_prob_gap_is_written_from_the_postprocess_in_every_actor_log_prob_pass(tmp_path: Path) -> None:
+    # DUMP_PHASE=update_actor: the log-prob pass is not dumped, its gap is logged all the same; the
+    # update, the ref engine and a middle pipeline stage (no log-probs there) log none.
+    scenarios = [
+        {"name": "actor.log_prob"},
+        {"name": "actor.update", "forward_only": False},
+        {"name": "ref.log_prob", "engine": {"forward_only": True}},
+        {"name": "middle_stage.log_prob", "middle_stage": True},
+    ]
+    samples = {"count": 4, "prompt_lens": PROMPT_LENS, "response_lens": RESPONSE_LENS, "rollout_log_probs": True}
+    run = _run(tmp_path, {"samples": samples, "scenarios": scenarios}, DUMP_PHASE="update_actor")
+    report = run.reports[0]
+    assert set(report["outcomes"].values()) == {"ok"}
+    assert report["outputs"]["actor.log_prob"] == report["outputs"]["ref.log_prob"]  # the forward untouched
+    lines = _gap_lines(run)
+    assert [(line["micro_batch"], line["sample"], line["uid"]) for line in lines] == [
+        (0, 0, "uid0"),
+        (0, 1, "uid0"),
+        (1, 0, "uid1"),
+        (1, 1, "uid1"),
+    ]
+    # Each micro-batch's log-probs, as the engine returned them: packed, the whole sequences.
+    packed = report["outputs"]["actor.log_prob"]
+    for line, i in zip(lines, range(4), strict=True):
+        p, r = PROMPT_LENS[i], RESPONSE_LENS[i % 2]
+        start = 0 if i % 2 == 0 else PROMPT_LENS[i - 1] + RESPONSE_LENS[0]
+        old = packed[i // 2][start + p - 1 : start + p - 1 + r]
+        assert_gap(line, expected_gap(old, [-2.0 - 0.1 * j for j in range(r)], [1] * r, 0.1))
+        assert line["prompt_len"] == p and line["tokens"] == r
+
+
+def test_whole_sequence_dumps_of_chosen_requests_and_where_they_are_refused(tmp_path: Path) -> None:
+    scenarios = [
+        {"name": "actor.log_prob"},
+        {"name": "pp2.log_prob", "engine": {"pipeline": 2}},
+        {"name": "router_replay.log_prob", "engine": {"router_replay": "R2"}},
+    ]
+    samples = {"count": 4, "prompt_lens": PROMPT_LENS, "response_lens": RESPONSE_LENS, "rollout_log_probs": True}
+    env = {"DUMP_PHASE": "log_prob", "DUMP_SEQUENCES": "1", "DUMP_REQUEST_IDS": "req-uid-1,req-uid-3"}
+    run = _run(tmp_path, {"samples": samples, "scenarios": scenarios}, **env)
+    outcomes, forwards = run.reports[0]["outcomes"], run.reports[0]["forwards"]
+    assert outcomes["actor.log_prob"] == "ok"
+    assert outcomes["pp2.log_prob"].startswith("refused: DUMP_SEQUENCES=1 with pipeline parallel size 2")
+    assert outcomes["router_replay.log_prob"].startswith("refused: DUMP_SEQUENCES=1 with router replay")
+    assert forwards["pp2.log_prob"] == forwards["router_replay.log_prob"] == []
+    lines = run.log_lines(0)
+    totals = [p + RESPONSE_LENS[i % 2] for i, p in enumerate(PROMPT_LENS)]
+    assert [(line["micro_batch"], line["dump"], line["request_ids"]) for line in lines] == [
+        (0, "sequence", ["req-uid-1"]),
+        (1, "sequence", ["req-uid-3"]),
+    ]
+    assert [_first_input_shape(run, line["step"]) for line in lines] == [[1, totals[1]], [1, totals[3]]]
+    # Both samples of each micro-batch get their forward (the other undumped), then the real one.
+    real = _real_forward_lengths()
+    assert [shape for shape, _ in forwards["actor.log_prob"]] == [
+        [1, totals[0]],
+        [1, totals[1]],
+        [1, real[0]],
+        [1, totals[2]],
+        [1, totals[3]],
+        [1, real[1]],
+    ]
+    assert len(_gap_lines(run)) == 4  # not filtered

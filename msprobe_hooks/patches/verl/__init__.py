@@ -22,7 +22,7 @@ _VERL_COMMON = (
     Function(_TU, "get", ("tensordict", "key", "default")),
 )
 
-# What the PROMPTS_ONLY=1 extra forward of both engines uses: the one-sample micro-batch
+# What the PROMPTS_ONLY=1 and DUMP_SEQUENCES=1 extra forwards of both engines use: the one-sample micro-batch
 # (micro_batch.prompt_only_micro_batch) and the device of the forward-count all-reduce.
 _PROMPT_FORWARD = (
     Function("verl.utils.device", "get_device_id", ()),
@@ -41,7 +41,9 @@ VERL_FSDP_ENGINE = Patch(
     "prompt-only forward, no log joining a dump to its rollout requests.",
     how="Wraps FSDPEngine.forward_backward_batch (one pass per call: actor engine? DUMP_PHASE?) and "
     "FSDPEngineWithLMHead.forward_step (one msprobe step per micro-batch, closed after its backward; "
-    "PROMPTS_ONLY=1: one extra prompt-only forward_step per sample, dumped, before the real one).",
+    "PROMPTS_ONLY=1 / DUMP_SEQUENCES=1: one extra prompt-only / whole-sequence forward_step per sample, "
+    "dumped, before the real one; DUMP_REQUEST_IDS: only the samples named; after every real forward of "
+    "an actor's log-prob pass, the samples' gap to the rollout's log-probs in logprob_gap.jsonl).",
     retire_when="verl's precision_debugger profiler dumps per micro-batch and per prompt and logs each dump.",
     contract=(
         Method(_FSDP, "FSDPEngine.forward_backward_batch", ("self", "data", "loss_function", "forward_only")),
@@ -68,9 +70,11 @@ VERL_MEGATRON_ENGINE = Patch(
     how="Wraps MegatronEngine.forward_backward_batch (one pass per call), MegatronEngineWithLMHead.forward_step "
     "(opens one msprobe step per micro-batch on the last pipeline stage, binding every model chunk) and "
     "postprocess_micro_batch_func (logs the micro-batch's samples; closes the step, after the backward in an "
-    "update). PROMPTS_ONLY=1 with PP = 1: one extra prompt-only forward_step per sample of a log-prob "
-    "micro-batch, dumped, then the real one, undumped. Refuses virtual pipeline parallelism; with "
-    "PROMPTS_ONLY=1, untrimmed batches under PP > 1, router replay and dynamic context parallelism.",
+    "update; in an actor's log-prob pass, the samples' gap to the rollout's log-probs in logprob_gap.jsonl). "
+    "PROMPTS_ONLY=1 / DUMP_SEQUENCES=1 with PP = 1: one extra prompt-only / whole-sequence forward_step per "
+    "sample of a log-prob micro-batch, dumped (DUMP_REQUEST_IDS: only the samples named), then the real one, "
+    "undumped. Refuses virtual pipeline parallelism; with PROMPTS_ONLY=1, untrimmed batches under PP > 1; "
+    "with DUMP_SEQUENCES=1, PP > 1; with either, router replay and dynamic context parallelism.",
     retire_when="verl's precision_debugger profiler dumps per micro-batch and logs each dump.",
     contract=(
         Method(_MEGATRON, "MegatronEngine.forward_backward_batch", ("self", "data", "loss_function", "forward_only")),

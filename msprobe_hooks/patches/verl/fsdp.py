@@ -3,9 +3,13 @@
 ``FSDPEngine.forward_backward_batch`` is wrapped to make each call a pass (is it an actor pass
 of the selected phase?); ``FSDPEngineWithLMHead.forward_step`` to dump each micro-batch of a due
 pass: the micro-batch itself (its forward and, when updating, its backward: the window closes
-when the backward from the returned loss finishes), or with ``PROMPTS_ONLY=1`` in a log-prob
-pass one prompt-only forward per sample, made with the engine's own ``forward_step`` (so its own
-input packing, position ids and multi-modal inputs) before the real, undumped forward.
+when the backward from the returned loss finishes; with ``DUMP_REQUEST_IDS`` only a micro-batch
+holding one of them), or with ``PROMPTS_ONLY=1`` / ``DUMP_SEQUENCES=1`` in a log-prob pass one
+prompt-only / whole-sequence forward per sample, made with the engine's own ``forward_step`` (so
+its own input packing, position ids and multi-modal inputs) before the real, undumped forward.
+After the real forward of every micro-batch of an actor's log-prob pass, dumped or not, the
+samples' log-prob gap goes to ``logprob_gap.jsonl`` (outside any msprobe window: our tensor work
+stays out of the dumps).
 
 Our work in both wrappers runs guarded (:meth:`msprobe_hooks.patching.PatchContext.guarded`): an engine we
 cannot read, a micro-batch layout we do not know, msprobe failing, each gives one line and the
@@ -20,8 +24,8 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.training import prompts_only
-from msprobe_hooks.training.actor_dump import dumper
-from msprobe_hooks.training.micro_batch import is_trimmed
+from msprobe_hooks.training.actor_dump import MICRO_BATCH, dumper, extra_forward_kinds
+from msprobe_hooks.training.micro_batch import packs_samples
 
 
 def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
@@ -36,38 +40,56 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     def forward_backward_batch(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return dumper().run_pass(ctx, wrapped, instance, args, kwargs, is_actor)
 
-    def wants_prompt_forwards(micro_batch: Any) -> bool:
-        forward_mode = prompts_only.mode(ctx.config) == prompts_only.FORWARD
-        return forward_mode and not is_trimmed(micro_batch)
+    def wanted_forwards(micro_batch: Any) -> tuple[str, ...]:
+        return extra_forward_kinds(ctx.config, prompts_only.mode(ctx.config), micro_batch)
 
-    def prompt_forwards(current: Any, engine: Any, wrapped: Any, micro_batch: Any) -> None:
-        dumper().prompt_only_forwards(
+    def extra_forwards(current: Any, engine: Any, wrapped: Any, micro_batch: Any, kinds: tuple[str, ...]) -> None:
+        dumper().extra_forwards(
             current,
             micro_batch,
             engine.module,
             lambda batch: wrapped(batch, loss_function=None, forward_only=True),
             engine.get_data_parallel_group(),
             get_device_id(),
+            kinds,
         )
 
-    def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def packed(engine: Any, micro_batch: Any) -> bool:
+        # Ulysses sequence parallelism slices the packed row across ranks: a rank's dump holds a part of it.
+        return packs_samples(micro_batch) and getattr(engine, "ulysses_sequence_parallel_size", 1) == 1
+
+    def dumped_forward(current: Any, instance: Any, wrapped: Any, args: tuple, kwargs: dict, micro_batch: Any) -> Any:
         state = dumper()
-        current = state.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
-        if current is None:
+        if current.phase == LOG_PROB:
+            kinds = ctx.guarded("reading the micro-batch's mode", wanted_forwards, micro_batch, default=())
+            if kinds:
+                ctx.guarded("the extra forwards", extra_forwards, current, instance, wrapped, micro_batch, kinds)
+                return wrapped(*args, **kwargs)
+        chosen = ctx.guarded("reading the requests", state.holds_selected, current, micro_batch, default=True)
+        if not chosen:  # DUMP_REQUEST_IDS names none of its samples
             return wrapped(*args, **kwargs)
-        micro_batch = patching.argument(args, kwargs, "micro_batch", 0)
-        if current.phase == LOG_PROB and ctx.guarded(
-            "reading the micro-batch's mode", wants_prompt_forwards, micro_batch, default=False
-        ):
-            ctx.guarded("the prompt-only forwards", prompt_forwards, current, instance, wrapped, micro_batch)
-            return wrapped(*args, **kwargs)
-        state.open(getattr(instance, "module", None), current, "micro_batch", micro_batch)
+        whole = ctx.guarded("reading the micro-batch's packing", packed, instance, micro_batch, default=False)
+        state.open(getattr(instance, "module", None), current, MICRO_BATCH, micro_batch, packed=whole)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:
             state.close()
             raise
         state.forward_done(current.phase, result)
+        return result
+
+    def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = dumper()
+        current = state.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
+        if current is None:
+            return wrapped(*args, **kwargs)
+        micro_batch = patching.argument(args, kwargs, "micro_batch", 0, None)
+        if current.due:
+            result = dumped_forward(current, instance, wrapped, args, kwargs, micro_batch)
+        else:
+            result = wrapped(*args, **kwargs)
+        if current.wants_gap:  # after the window closed
+            ctx.guarded("the log-prob gap", state.log_prob_gap, current, micro_batch, result)
         return result
 
     ctx.wrap(module.FSDPEngine, "forward_backward_batch", forward_backward_batch)

@@ -14,6 +14,7 @@ as a typo of its own variables):
   read-only (the test made it a tmpfs);
 * ``cut_prompts``: msprobe-hooks' own ``prompt_only_micro_batch`` raises (a micro-batch layout it does
   not know);
+* ``gap``: msprobe-hooks' own log-prob gap computation (``logprob_gap.statistics``) raises;
 * ``double_activation``: msprobe-hooks is activated twice more, once having forgotten it was;
 * ``prompt_forward``: on rank ``FAULT_RANK`` (default 1), verl's second prompt-only forward
   (``compute_loss`` false) raises before its first collective.
@@ -119,6 +120,13 @@ def _install():
             raise RuntimeError(f"cutting a prompt failed ({INJECTED})")
 
         micro_batch.prompt_only_micro_batch = cut
+    if "gap" in faults:
+        from msprobe_hooks.training import logprob_gap
+
+        def statistics(*args, **kwargs):
+            raise RuntimeError(f"computing the log-prob gap failed ({INJECTED})")
+
+        logprob_gap.statistics = statistics
     if "double_activation" in faults:
         import msprobe_hooks
         from msprobe_hooks import bootstrap

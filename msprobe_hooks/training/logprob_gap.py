@@ -1,0 +1,132 @@
+"""The log-prob gap of each sample: ``|old_log_prob - rollout_log_prob|`` on its response tokens.
+
+What an RL engineer sees first is verl's ``training/rollout_probs_diff_*`` (or another framework's
+``train_rollout_logprob_abs_diff``): the gap between the log-probs the actor recomputes in its
+log-prob pass and those the rollout engine returned. :func:`statistics` gives it per sample, from the
+tensors that pass already holds, in verl's own definitions (``verl/utils/debug/metrics.py``):
+
+* the tokens are the response tokens whose ``response_mask`` is set (tool tokens of a multi-turn
+  trajectory are not);
+* ``max``/``mean``/``argmax``/``over`` are of ``|old - rollout|`` on log-probs, the gap other frameworks log;
+* ``probs_diff_max``/``probs_diff_mean`` are of ``|exp(old) - exp(rollout)|``, verl's
+  ``rollout_probs_diff_max/mean`` (taken there over the whole batch's tokens: its max is the max of these,
+  its mean their token-weighted mean).
+
+Where the tokens are. The engine's log-probs cover the whole sequence (entry ``t`` is the log-prob of
+token ``t + 1``): response token ``j`` of a sample of ``S`` tokens with ``R`` response tokens is entry
+``S - R - 1 + j`` (``P - 1 + j``, ``P`` the prompt length), as verl's ``response_from_nested`` and
+``no_padding_2_padding`` read it. ``R = S - P`` in both trainer layouts of verl 0.9.1:
+
+* v1 (TransferQueue): ``rollout_log_probs`` and ``response_mask`` are jagged, one row of ``R`` per
+  sample (``AgentLoopOutput.as_dict``); dense when every response happens to have the same length
+  (``list_of_dict_to_tensordict`` stacks them), ``R`` the width then;
+* v0 (DataProto, ``left_right_2_no_padding``): both stay dense and right-padded to the batch's
+  response width (``rollout_log_probs`` padded with zeros, ``response_mask`` with zeros), and ``P``/``R``
+  come from the kept ``attention_mask`` (:func:`~msprobe_hooks.training.micro_batch.prompt_lengths`).
+
+The work runs on the log-probs' device: the rollout's rows go there (they arrive with the micro-batch,
+on the host), and one small tensor, seven numbers per sample, comes back. Nothing here imports torch at
+import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from msprobe_hooks.training.micro_batch import SampleInfo, row_lengths
+
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # verl's key, in both trainers
+_MASK_KEYS = ("response_mask", "loss_mask")  # loss_mask: verl's alias of it (left_right_2_no_padding)
+
+
+class SampleGap(NamedTuple):
+    """One sample's gap; ``max``, ``mean``, ``argmax`` and the probs are None when no token is counted."""
+
+    tokens: int
+    max: float | None
+    mean: float | None
+    argmax: int | None
+    over: int
+    probs_diff_max: float | None
+    probs_diff_mean: float | None
+
+
+def has_rollout_log_probs(micro_batch: Any) -> bool:
+    return micro_batch.get(ROLLOUT_LOG_PROBS, None) is not None
+
+
+def _rows(tensor: Any, lengths: list[int], what: str) -> Any:
+    """The first ``lengths[i]`` entries of row ``i``, concatenated: jagged rows must be exactly that long,
+    dense ones at least (the rest is padding)."""
+    import torch
+
+    if tensor.is_nested:
+        found = row_lengths(tensor)
+        if found != lengths:
+            raise ValueError(f"{what} has rows of {found} tokens, the responses {lengths}")
+        return tensor.values()
+    if tensor.dim() != 2 or tensor.shape[0] != len(lengths) or tensor.shape[1] < max(lengths, default=0):
+        raise ValueError(f"{what} is dense {tuple(tensor.shape)}, shorter than the responses {lengths}")
+    if len(set(lengths)) == 1:
+        return tensor[:, : lengths[0]].reshape(-1)
+    return torch.cat([row[:length] for row, length in zip(tensor, lengths, strict=True)])
+
+
+def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], threshold: float) -> list[SampleGap]:
+    """The gap of every sample of ``micro_batch`` (``samples``, as :func:`describe_samples` reads them) from the
+    engine's ``log_probs`` (jagged, the whole sequences, packed in the micro-batch's order).
+
+    ``micro_batch`` is the engine's own, holding ``rollout_log_probs``. Raises ValueError for a layout
+    whose rows do not line up with the responses.
+    """
+    import torch
+
+    values = log_probs.values() if log_probs.is_nested else log_probs.reshape(-1)
+    if values.shape[0] != sum(s.seq_len for s in samples):
+        raise ValueError(
+            f"the log-probs hold {values.shape[0]} tokens, the micro-batch {sum(s.seq_len for s in samples)}"
+        )
+    response_lens = [s.response_len for s in samples]
+    mask = next((micro_batch.get(key) for key in _MASK_KEYS if micro_batch.get(key, None) is not None), None)
+    rollout = _rows(micro_batch[ROLLOUT_LOG_PROBS], response_lens, ROLLOUT_LOG_PROBS)
+    counted = (
+        torch.ones_like(rollout, dtype=torch.bool) if mask is None else _rows(mask, response_lens, "response_mask")
+    )
+    tokens = int(rollout.shape[0])
+
+    # Response token k of the flat rows is token j = k - starts[i] of sample i, whose log-prob is entry
+    # offset_i + prompt_len_i - 1 + j of the packed log-probs: k + shift[i].
+    # Built on the log-probs' device: on the host, torch would wake its thread pool for these few numbers.
+    device = values.device
+    starts = [sum(response_lens[:i]) for i in range(len(samples))]
+    shift = [s.offset + s.prompt_len - 1 - start for s, start in zip(samples, starts, strict=True)]
+    lengths = torch.tensor(response_lens, device=device)
+    sample = torch.repeat_interleave(torch.arange(len(samples), device=device), lengths, output_size=tokens)
+    flat = torch.arange(tokens, device=device)
+    entry = flat + torch.tensor(shift, device=device)[sample]
+    counted = counted.to(device, non_blocking=True) != 0
+    rollout = rollout.to(device, non_blocking=True).float()
+    old = values[entry].float()
+    gap = (old - rollout).abs()
+    probs = (old.exp() - rollout.exp()).abs()  # verl: |exp(old_log_probs) - exp(rollout_log_probs)|
+
+    rows = (2, len(samples))
+    # Maxima of the counted tokens (both are >= 0: -1 stands for none) ...
+    shown = torch.where(counted, torch.stack([gap, probs]), -1.0)
+    top = torch.full(rows, -1.0, device=device).scatter_reduce(1, sample.expand(2, -1), shown, "amax")
+    # ... the first token of each sample that reaches its maximum ...
+    firsts = torch.where(counted & (shown[0] == top[0][sample]), flat, tokens)
+    first = torch.full(rows[1:], tokens, device=device).scatter_reduce(0, sample, firsts, "amin")
+    # ... and the counts and sums, in float64.
+    weight = counted.double()
+    parts = torch.stack([weight, gap.double() * weight, probs.double() * weight, weight * (gap.double() > threshold)])
+    sums = torch.zeros((4, rows[1]), dtype=torch.float64, device=device).index_add_(1, sample, parts)
+    table = torch.cat([sums, top.double(), first.double().unsqueeze(0)]).T.tolist()  # the one transfer back
+
+    gaps = []
+    for (n, total, probs_total, over, gap_max, probs_max, k), start in zip(table, starts, strict=True):
+        if not n:
+            gaps.append(SampleGap(0, None, None, None, 0, None, None))
+            continue
+        gaps.append(SampleGap(int(n), gap_max, total / n, int(k) - start, int(over), probs_max, probs_total / n))
+    return gaps

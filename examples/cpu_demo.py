@@ -14,6 +14,12 @@ runs the same engine on a given model folder and on the prompts of ``PROMPTS_FIL
 object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``, the file
 ``examples/vllm_generate.py`` reads), so a training dump and an inference dump see the same
 weights and the same prompts under the same request ids.
+
+    torchrun --nproc_per_node=2 examples/cpu_demo.py --model DIR --prompts PROMPTS_FILE
+
+runs it at world size 2 (gloo): each rank takes its contiguous share of the prompts, as verl's
+data-parallel dispatch does. ``--log-prob-only`` leaves the update out (a large model's optimizer
+state need not fit here for a prompt-only dump).
 """
 
 from __future__ import annotations
@@ -49,15 +55,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="verl's FSDP2 engine on CPU: log-probs and one update")
     parser.add_argument("--model", help="a Qwen2 model folder (default: a tiny random one, built here)")
     parser.add_argument("--prompts", help="JSON lines of request_id and prompt_token_ids (default: random)")
+    parser.add_argument("--log-prob-only", action="store_true", help="the log-prob pass alone, no update")
     args = parser.parse_args()
-    verl_cpu.init_process()
+    rank, world_size = verl_cpu.init_process()
     with tempfile.TemporaryDirectory(prefix="msprobe-hooks-demo-") as folder:
         engine = verl_cpu.make_engine(args.model or verl_cpu.build_model_dir(folder))
         samples = prompt_samples(args.prompts) if args.prompts else verl_cpu.random_samples(4, seed=0)
+        samples = verl_cpu.shard(samples, rank, world_size)
         log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples))
-        metrics = verl_cpu.update(engine, verl_cpu.make_batch(samples))
-    grad_norm = metrics["metrics"]["grad_norm"]
-    print(f"\nlog-prob pass: {len(log_probs)} samples; update: loss {metrics['loss']}, grad_norm {grad_norm:.4g}")
+        metrics = None if args.log_prob_only else verl_cpu.update(engine, verl_cpu.make_batch(samples))
+    where = f"rank {rank} of {world_size}, " if world_size > 1 else ""
+    print(f"\n{where}log-prob pass: {len(log_probs)} samples", end="")
+    print(f"; update: loss {metrics['loss']}, grad_norm {metrics['metrics']['grad_norm']:.4g}" if metrics else "")
 
     from msprobe_hooks import bootstrap
     from msprobe_hooks.training.actor_dump import dumper

@@ -33,6 +33,11 @@ EXAMPLES = REPO / "examples"
 MAX_NEW_TOKENS = 2
 
 
+def cores(ranks: int) -> str:
+    """One core per rank, as vLLM's and SGLang's CPU engines want them named (``"0|1"``; wrapping round)."""
+    return "|".join(str(rank % (os.cpu_count() or 1)) for rank in range(ranks))
+
+
 def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
     """An msprobe config.json for both sides (no step filter: the hooks choose what is dumped)."""
     config = {
@@ -74,12 +79,13 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     return tmp / "actor"
 
 
-def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
-    """SGLang's CPU engine, one prompt per ``generate`` call; returns the inference dump root.
+def run_sglang(tmp: Path, model: Path, prompts: Path, config: str, tp: int = 1) -> Path:
+    """SGLang's CPU engine (``tp`` ranks), one prompt per ``generate`` call; returns the inference dump root.
 
     SGLang 0.5.11+ dumps through its own switch (``msprobe_dump_config``), which needs the
     ``dump_path`` in the config: a copy of ``config`` names ``tmp/generate``. The radix cache is off,
-    so every prefill holds its whole prompt.
+    so every prefill holds its whole prompt. ``tp`` > 1 binds one core per rank
+    (``SGLANG_CPU_OMP_THREADS_BIND``, which SGLang's CPU engine asks for).
     """
     root = tmp / "generate"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -92,26 +98,45 @@ def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     scenario = {
         "model": os.fspath(model),
         "tokenizer": os.fspath(tokenizer_dir(model, tmp / "tokenizer")),
-        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True},
+        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True, "tp_size": tp},
         "waves": waves,
     }
-    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1")
+    bind = {"SGLANG_CPU_OMP_THREADS_BIND": cores(tp)} if tp > 1 else {}
+    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1", **bind)
     assert {rid: len(ids) for rid, ids in run.outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
     return root
 
 
-def run_vllm(tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32") -> Path:
-    """vLLM's CPU engine (in ``dtype``), one request per prefill step; returns the inference dump root."""
+def run_vllm(
+    tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32", tp: int = 1, root: Path | None = None
+) -> Path:
+    """vLLM's CPU engine (in ``dtype``, ``tp`` workers), one request per prefill step; returns the inference dump root.
+
+    ``tp`` > 1 binds one core per worker (``VLLM_CPU_OMP_THREADS_BIND``, what vLLM's CPU workers need on
+    one NUMA node). ``root``: the generate dump root (default ``tmp/generate``); two runs given the same
+    root leave their dumps side by side, as two replicas of one job do.
+    """
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
+    root = root or tmp / "generate"
+    config = _with_dump_path(Path(config), tmp / "generate-config.json", root) if root != tmp / "generate" else config
     env = engine_env(rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp))
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores(tp)
     command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
-    command += ["--dtype", dtype]
+    command += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
     try:
         _run(command, env, tmp / "vllm.log")
     finally:
         shutil.rmtree(rpc, ignore_errors=True)
-    return tmp / "generate"
+    return root
+
+
+def _with_dump_path(config: Path, copy: Path, root: Path) -> str:
+    """A copy of the msprobe config ``config`` whose ``dump_path`` is ``root``."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(json.dumps({**json.loads(config.read_text()), "dump_path": os.fspath(root)}))
+    return os.fspath(copy)
 
 
 def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:

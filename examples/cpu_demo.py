@@ -62,8 +62,9 @@ def main() -> int:
         engine = verl_cpu.make_engine(args.model or verl_cpu.build_model_dir(folder))
         samples = prompt_samples(args.prompts) if args.prompts else verl_cpu.random_samples(4, seed=0)
         samples = verl_cpu.shard(samples, rank, world_size)
-        log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples))
-        metrics = None if args.log_prob_only else verl_cpu.update(engine, verl_cpu.make_batch(samples))
+        micro = 2 if len(samples) % 2 == 0 else 1  # verl's micro-batches must divide the batch
+        log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples, micro))
+        metrics = None if args.log_prob_only else verl_cpu.update(engine, verl_cpu.make_batch(samples, micro))
     where = f"rank {rank} of {world_size}, " if world_size > 1 else ""
     print(f"\n{where}log-prob pass: {len(log_probs)} samples", end="")
     print(f"; update: loss {metrics['loss']}, grad_norm {metrics['metrics']['grad_norm']:.4g}" if metrics else "")

@@ -22,6 +22,7 @@ hold more elements than the whole, and the tensor is reported not comparable, ne
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -122,3 +123,42 @@ def engine_ranks(chosen: C, candidates: Iterable[C]) -> list[C] | None:
     if len(set(ranks)) != len(ranks):
         return None
     return sorted([chosen, *same], key=lambda c: -1 if c.step.rank is None else c.step.rank)
+
+
+# --- which replica served a pair ---------------------------------------------------------------------
+
+
+def workers(generate: Any) -> tuple[tuple[int | None, int | None], ...]:
+    """(rank, pid) of every worker of the engine that ran a pair's prefill (a ``pairs.GenerateSide``).
+
+    The engine (the replica) is known by its workers' processes: the one worker of a TP=1 engine, every
+    rank's of a TP engine (``generate.shards``).
+    """
+    if generate.shards:
+        return tuple((shard.rank, shard.pid) for shard in generate.shards)
+    return ((generate.rank, generate.pid),)
+
+
+def by_replica(pairs: Iterable[Any]) -> dict[tuple[tuple[int | None, int | None], ...], Counter[str]]:
+    """Per replica (its :func:`workers`), how many pairs it served under each rank rule, in first-seen order."""
+    found: dict[tuple[tuple[int | None, int | None], ...], Counter[str]] = {}
+    for pair in pairs:
+        found.setdefault(workers(pair.generate), Counter())[str(pair.rank_rule)] += 1
+    return found
+
+
+def replica_lines(pairs: Iterable[Any]) -> list[str]:
+    """``align``'s lines on the replicas that served the pairs; none for one engine of one rank (TP=1 as before)."""
+    found = by_replica(pairs)
+    if len(found) < 2 and all(len(w) < 2 for w in found):
+        return []
+    lines = ["pairs by replica (the inference engine that ran the prefill: TP size, ranks and processes):"]
+    for engine, rules in found.items():
+        ranks = "+".join("?" if rank is None else str(rank) for rank, _ in engine)
+        pids = "+".join("?" if pid is None else str(pid) for _, pid in engine)
+        counts = ", ".join(f"{rule} {n}" for rule, n in rules.items())
+        lines.append(
+            f"  TP {len(engine)}, rank{'s' if len(engine) > 1 else ''} {ranks}, pid {pids}: "
+            f"{sum(rules.values())} pairs (rank rule: {counts})"
+        )
+    return lines

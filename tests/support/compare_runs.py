@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas
@@ -64,8 +66,14 @@ def _run(command: list[str], env: dict[str, str], log: Path) -> None:
     )
 
 
-def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
-    """verl's FSDP2 engine, one prompt-only dump per prompt; returns the training dump root."""
+def run_training(
+    tmp: Path, model: Path, prompts: Path, config: str, world_size: int = 1, extra: Sequence[str] = ()
+) -> Path:
+    """verl's FSDP2 engine, one prompt-only dump per prompt; returns the training dump root.
+
+    ``world_size`` 2 runs it under torchrun (gloo): each rank dumps its contiguous share of the prompts.
+    ``extra``: more arguments of ``examples/cpu_demo.py`` (``--log-prob-only``).
+    """
     env = shim_env(
         DUMP_ON="1",
         PROMPTS_ONLY="1",
@@ -75,7 +83,13 @@ def run_training(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
         OMP_NUM_THREADS="1",
     )
     command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
-    _run([*command, os.fspath(prompts)], env, tmp / "train.log")
+    if world_size > 1:
+        with socket.socket() as sock:  # a free port for torchrun's rendezvous
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={world_size}", f"--master_port={port}"]
+        command = [command[0], *launcher, *command[1:]]
+    _run([*command, os.fspath(prompts), *extra], env, tmp / "train.log")
     return tmp / "actor"
 
 

@@ -278,7 +278,10 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
             continue
         whole = None
         if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
-            whole, why = _made_whole(generate, (module, io, call), table)
+            # An inference slice of a whole training tensor: made whole from every rank (a training slice of a
+            # whole inference tensor, Megatron TP against a TP 1 engine, is not).
+            if g_stats.numel < t_stats.numel:  # type: ignore[union-attr]
+                whole, why = _made_whole(generate, (module, io, call), table)
             if whole is not None and whole.stats.numel == t_stats.numel:  # type: ignore[union-attr]
                 g_stats, row.generate_name = whole.stats, whole.name
                 row.generate_shape, row.generate_dtype = _shape_text(g_stats.shape), g_stats.dtype

@@ -24,6 +24,17 @@ HIDDEN = 128
 PERTURBED_MODULE = "layers.1.mlp.down_proj"
 PERTURBATION = 1.05
 PROMPT_LENS = (6, 9, 5, 8)  # four prompts: verl's micro-batches of two must divide the batch
+# Qwen2.5-0.5B's shape (its config.json), for a random checkpoint of real size made here (no download):
+# verl_cpu.build_model_dir(folder, **QWEN2_5_0_5B). 494 M parameters, 0.99 GB in bfloat16.
+QWEN2_5_0_5B = {
+    "layers": 24,
+    "hidden": 896,
+    "heads": 14,
+    "kv_heads": 2,
+    "intermediate": 4864,
+    "vocab": 151936,
+    "tie_word_embeddings": True,
+}
 
 
 def build_models(folder: Path) -> tuple[Path, Path]:

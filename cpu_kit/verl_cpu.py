@@ -154,45 +154,61 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def build_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64) -> str:
-    """A tiny random Qwen2 and a WordLevel tokenizer, saved under ``path`` (reused if present).
+def build_model_dir(
+    path: str,
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 64,
+    *,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    vocab: int = VOCAB_SIZE,
+    tie_word_embeddings: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> str:
+    """A random Qwen2 and a WordLevel tokenizer of ``vocab`` tokens, saved under ``path`` (reused if present).
 
-    The folder loads in verl's FSDP2 engine here and in the real vLLM and SGLang engines
+    By default tiny: heads of ``HEAD_DIM``, half as many KV heads, an MLP twice the hidden size. The
+    folder loads in verl's FSDP2 engine here and in the real vLLM and SGLang engines
     (``.venv-vllm``, ``.venv-sglang``; SGLang takes the tokenizer files from a folder of their own,
     see ``tests/support/real_sglang.py``), so training and inference dumps of one model can be compared.
+    ``dtype`` is the dtype the weights are saved in (bfloat16 halves a large model's folder; both
+    engines load it as the dtype they are asked for).
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
-    write_tokenizer(path)
+    write_tokenizer(path, vocab)
+    heads = heads or hidden // HEAD_DIM
     config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=hidden // HEAD_DIM,
-        num_key_value_heads=max(1, hidden // HEAD_DIM // 2),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or max(1, heads // 2),
         max_position_embeddings=512,
         pad_token_id=PAD_TOKEN_ID,
         eos_token_id=EOS_TOKEN_ID,
         bos_token_id=EOS_TOKEN_ID,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
-    Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    Qwen2ForCausalLM(config).to(dtype).save_pretrained(path, safe_serialization=True)
     return path
 
 
-def write_tokenizer(path: str) -> None:
-    """The kit's WordLevel tokenizer (``VOCAB_SIZE`` ids ``t3`` ... and pad, eos, unk) saved under ``path``."""
+def write_tokenizer(path: str, vocab: int = VOCAB_SIZE) -> None:
+    """The kit's WordLevel tokenizer (``vocab`` ids: pad, eos, unk, then ``t3`` ...) saved under ``path``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     os.makedirs(path, exist_ok=True)
-    vocab = {"<pad>": PAD_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<unk>": 2}
-    vocab.update({f"t{i}": i for i in range(3, VOCAB_SIZE)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words = {"<pad>": PAD_TOKEN_ID, "<eos>": EOS_TOKEN_ID, "<unk>": 2}
+    words.update({f"t{i}": i for i in range(3, vocab)})
+    core = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -15,6 +15,12 @@ object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``, the file
 ``examples/vllm_generate.py`` reads), so a training dump and an inference dump see the same
 weights and the same prompts under the same request ids.
 
+    torchrun --nproc_per_node=2 examples/cpu_demo.py --model DIR --prompts PROMPTS_FILE
+
+runs it at world size 2 (gloo): each rank takes its contiguous share of the prompts, as verl's
+data-parallel dispatch does. ``--log-prob-only`` leaves the update out (a large model's optimizer
+state need not fit here for a prompt-only dump).
+
     python examples/cpu_demo.py --engine megatron [--tensor-parallel 2] ...
 
 runs verl's real Megatron engine instead (``cpu_kit.megatron_cpu``: megatron-core and mbridge, from
@@ -59,6 +65,7 @@ def main() -> int:
     parser.add_argument("--prompts", help="JSON lines of request_id and prompt_token_ids (default: random)")
     parser.add_argument("--engine", choices=ENGINES, default="fsdp", help="verl's training engine (default fsdp)")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="Megatron's tensor parallel size")
+    parser.add_argument("--log-prob-only", action="store_true", help="the log-prob pass alone, no update")
     args = parser.parse_args()
     if args.engine == "megatron":
         from cpu_kit import megatron_cpu as kit
@@ -66,17 +73,22 @@ def main() -> int:
         parser.error("--tensor-parallel: Megatron only (FSDP shards over the world size)")
     else:
         kit = verl_cpu
-    kit.init_process()
+    rank, world_size = kit.init_process()
     with tempfile.TemporaryDirectory(prefix="msprobe-hooks-demo-") as folder:
         model = args.model or verl_cpu.build_model_dir(folder)
         parallel = {"tensor_parallel": args.tensor_parallel} if args.engine == "megatron" else {}
         engine = kit.make_engine(model, **parallel)
         samples = prompt_samples(args.prompts) if args.prompts else verl_cpu.random_samples(4, seed=0)
-        log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples))
-        metrics = verl_cpu.update(engine, verl_cpu.make_batch(samples))
-    grad_norm = metrics.get("metrics", {}).get("grad_norm")  # Megatron: the first tensor-parallel rank's
-    update = f"loss {metrics.get('loss')}" + (f", grad_norm {grad_norm:.4g}" if grad_norm is not None else "")
-    print(f"\nlog-prob pass: {len(log_probs)} samples; update: {update}")
+        # Each data-parallel rank takes its share (tensor-parallel ranks share theirs), as verl dispatches.
+        samples = verl_cpu.shard(samples, engine.get_data_parallel_rank(), engine.get_data_parallel_size())
+        micro = 2 if len(samples) % 2 == 0 else 1  # verl's micro-batches must divide the batch
+        log_probs = verl_cpu.log_probs(engine, verl_cpu.make_batch(samples, micro))
+        metrics = None if args.log_prob_only else verl_cpu.update(engine, verl_cpu.make_batch(samples, micro))
+    where = f"rank {rank} of {world_size}, " if world_size > 1 else ""
+    print(f"\n{where}log-prob pass: {len(log_probs)} samples", end="")
+    grad_norm = (metrics or {}).get("metrics", {}).get("grad_norm")  # Megatron: the first tensor-parallel rank's
+    norm = f", grad_norm {grad_norm:.4g}" if grad_norm is not None else ""
+    print(f"; update: loss {metrics.get('loss')}{norm}" if metrics is not None else "")
 
     from msprobe_hooks import bootstrap
     from msprobe_hooks.training.actor_dump import dumper

@@ -1,12 +1,16 @@
 """The inference side of the demo: vLLM's real engine generates for a prompts file, one request at a time.
 
-    python examples/vllm_generate.py MODEL_DIR PROMPTS_FILE [--max-tokens N] [--dtype D] [--tensor-parallel-size N]
+    python examples/vllm_generate.py MODEL_DIR PROMPTS_FILE [--max-tokens N] [--dtype float32]
+                                     [--tensor-parallel-size K] [--max-model-len N]
 
 ``PROMPTS_FILE`` holds one JSON object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``
 (the same file ``examples/cpu_demo.py --prompts`` reads, so both sides see the same prompts under
 the same request ids). Requests are added and finished one at a time, so every prefill step holds
 exactly one prompt. Eager mode, no prefix caching: what a precision comparison needs. Nothing
 here mentions any dump tool: dumps, if any, come from the environment.
+
+``--tensor-parallel-size K`` runs K workers (vLLM's ``mp`` executor, gloo); on CPU each needs its cores
+named, e.g. ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for K=2 (vLLM refuses to start without it on one NUMA node).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ def main() -> int:
     parser.add_argument("prompts", help="JSON lines of request_id and prompt_token_ids")
     parser.add_argument("--max-tokens", type=int, default=2, help="tokens to generate per prompt (default 2)")
     parser.add_argument("--dtype", default="float32", help="the engine's dtype (default float32)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM's tensor parallelism (default 1)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM's tensor parallel size (default 1)")
+    parser.add_argument("--max-model-len", type=int, default=256, help="the engine's context length (default 256)")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -36,10 +41,10 @@ def main() -> int:
         model=args.model,
         enforce_eager=True,
         dtype=args.dtype,
-        max_model_len=256,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
         enable_prefix_caching=False,
         seed=0,
-        tensor_parallel_size=args.tensor_parallel_size,
     )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

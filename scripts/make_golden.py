@@ -20,7 +20,16 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   rules on real pairs.
 * ``megatron/``: verl's real Megatron engine (bf16, the local layer spec; ``make install-megatron``) at
   TP 1 (``tp1/``) and TP 2 (``tp2/``, a rank folder each) on the demo's model and prompts, against vLLM
-  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``) and on the demo's perturbed copy (``vllm_perturbed/``).
+  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``) and on the demo's perturbed copy (``vllm_perturbed/``);
+* ``tp2/``: tensor parallel 2 on a 2-layer model of 4 query and 2 KV heads (hidden 128, ``TP2_MODEL``):
+  ``actor/`` verl's FSDP2 engine, ``vllm/`` and ``sglang/`` the engines at TP 2 (one ``{pid}`` folder per
+  rank), ``vllm_gate_up/`` vLLM at TP 2 on a copy with layer 1's ``gate_proj`` and ``up_proj`` x1.04 (a
+  column-parallel module), ``tensor_actor/`` and ``tensor_vllm/`` in tensor mode (vLLM: the prefill steps
+  alone);
+* ``replicas/``: the same model, four prompts, FSDP2 at world size 2 (``actor/``: ranks 0 and 1) against two
+  vLLM replicas dumping into one ``generate/`` folder, as the replicas of one job do: replica A at TP 1 served
+  ``req-0`` and ``req-2``, replica B at TP 2 ``req-1`` and ``req-3`` (run one after the other: the machine has two
+  cores, and TP 2 binds both).
 
 * ``qwen3/``: a tiny Qwen3 (q/k norms; 2 layers, hidden 128): FSDP2 (``actor/``) against vLLM and SGLang,
   and vLLM on a copy with ``layers.1.self_attn.k_norm`` x1.05 (``vllm_k_norm/``);
@@ -35,8 +44,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``, ``megatron``, ``qwen3``, ``moe``, ``shared``,
-``moe_sglang``) and leaves the others.
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``, ``moe``,
+``shared``, ``moe_sglang``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
@@ -191,6 +200,58 @@ def _megatron(work: Path, out: Path) -> None:
         _copy_tree(run_vllm(work / name, weights, prompts, stats, dtype), out / "megatron" / name / "generate")
 
 
+# The TP sets' model: 4 query heads and 2 KV heads of 32 (TP 2 splits both), 2 layers.
+TP2_MODEL = {"layers": 2, "hidden": 128}
+TP2_GATE_UP = (("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight"), 1.04)
+REPLICA_PROMPTS = [*PROMPTS, [11, 12, 13, 14, 15], [99, 98, 97, 96, 95, 94, 93]]
+REPLICAS = {"a": (1, (0, 2)), "b": (2, (1, 3))}  # replica -> (its TP size, the prompts it served)
+
+
+def _scaled(model: Path, copy: Path, weights: tuple[str, ...], factor: float) -> Path:
+    """A copy of ``model`` with each of ``weights`` scaled by ``factor``."""
+    _perturb(model, copy, weights[0], factor)
+    for weight in weights[1:]:
+        _perturb(copy, copy.with_name(f"{copy.name}.next"), weight, factor)
+        shutil.rmtree(copy)
+        copy.with_name(f"{copy.name}.next").rename(copy)
+    return copy
+
+
+def _tp2(work: Path, out: Path) -> None:
+    model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), **TP2_MODEL))
+    prompts = _prompts(work / "prompts.jsonl", PROMPTS)
+    stats = msprobe_config(work / "statistics.json")
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    prefill_only = work / "tensor-prefill.json"  # one request at a time: the prefills are vLLM's steps 0 and 2
+    prefill_only.write_text(json.dumps({**json.loads(Path(tensor).read_text()), "step": [0, 2]}))
+    trees = {
+        "actor": run_training(work / "train", model, prompts, stats),
+        "vllm": run_vllm(work / "vllm", model, prompts, stats, tp=2),
+        "vllm_gate_up": run_vllm(
+            work / "gate_up", _scaled(model, work / "gate_up_model", *TP2_GATE_UP), prompts, stats, tp=2
+        ),
+        "sglang": run_sglang(work / "sglang", model, prompts, stats, tp=2),
+        "tensor_actor": run_training(work / "tensor-train", model, prompts, tensor),
+        "tensor_vllm": run_vllm(work / "tensor-vllm", model, prompts, os.fspath(prefill_only), tp=2),
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / "tp2" / name)
+
+
+def _replicas(work: Path, out: Path) -> None:
+    model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), **TP2_MODEL))
+    stats = msprobe_config(work / "statistics.json")
+    everything = _prompts(work / "prompts.jsonl", REPLICA_PROMPTS)
+    _copy_tree(run_training(work / "train", model, everything, stats, world_size=2), out / "replicas" / "actor")
+    generate = work / "generate"
+    for name, (tp, served) in REPLICAS.items():
+        mine = work / f"{name}.jsonl"
+        lines = everything.read_text().splitlines()
+        mine.write_text("".join(lines[i] + "\n" for i in served))
+        run_vllm(work / name, model, mine, stats, tp=tp, root=generate)
+    _copy_tree(generate, out / "replicas" / "generate")
+
+
 # Qwen3 (q/k norms) against vLLM and SGLang, and a k_norm fault; Qwen3-MoE with the routers' choices
 # (MSPROBE_HOOKS_ROUTING=1 on vLLM): training in tensor mode (the routers' ids) and in statistics, vLLM in fp32
 # and bf16, clean, with a router fault of known share (its router_fault.json beside) and a numeric fault.
@@ -287,6 +348,8 @@ SETS = {
     "namings": _namings,
     "verdict": _verdict,
     "megatron": _megatron,
+    "tp2": _tp2,
+    "replicas": _replicas,
     "qwen3": _qwen3,
     "moe": _moe,
     "shared": _shared,

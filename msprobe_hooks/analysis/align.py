@@ -33,8 +33,18 @@ from msprobe_hooks.analysis.logs import (
     read_dispatch,
     read_training,
 )
-from msprobe_hooks.analysis.pairs import LOG_FORMATS, GenerateSide, JoinRule, Pair, PairKind, RankRule, TrainSide
+from msprobe_hooks.analysis.pairs import (
+    LOG_FORMATS,
+    GenerateSide,
+    JoinRule,
+    Pair,
+    PairKind,
+    RankRule,
+    Shard,
+    TrainSide,
+)
 from msprobe_hooks.analysis.results import Unpaired
+from msprobe_hooks.analysis.shards import engine_ranks
 from msprobe_hooks.join_keys import PROMPT_WINDOW
 from msprobe_hooks.log import logger
 
@@ -311,7 +321,10 @@ class Aligner:
         pool, rank_rule = ranked
         # A step holding this request alone first, then the earliest.
         chosen = min(pool, key=lambda c: (len(c.step.rows) > 1, c.step.pid or 0, c.step.step))
-        self._used.add(chosen.key)
+        group = self._engine_ranks(chosen, good, key)
+        if len(group) > 1 and self.backend == "fsdp":  # whole training tensors: against every rank, made whole
+            chosen, rank_rule = group[0], RankRule.ALL_RANKS
+        self._used.update(c.key for c in group)
         self._paired_requests.add(chosen.row.base or key)
         if prompt_len is None:
             prompt_len = chosen.row.prompt_len if chosen.row.prompt_len is not None else chosen.row.tokens
@@ -320,7 +333,31 @@ class Aligner:
             held = self._token_count(train_path)
             if held is not None and held > prompt_len:  # Megatron pads each sequence to a multiple of TP x CP
                 pair.train.rows = [0, prompt_len]
+        if len(group) > 1:
+            pair.generate.shards = [self._shard(c) for c in group]
         return pair
+
+    def _engine_ranks(self, chosen: _Candidate, good: list[_Candidate], key: str) -> list[_Candidate]:
+        """``chosen`` and the same prefill's dumps on the other ranks of its engine (tensor parallel)."""
+        group = engine_ranks(chosen, good)
+        if group is None:
+            self.warn(
+                f"{key}: its prefill at step {chosen.step.step} was dumped twice on one rank (two replicas at the "
+                "same step?): the engine's tensor-parallel ranks cannot be told apart; paired with one rank only"
+            )
+            return [chosen]
+        return group
+
+    def _shard(self, candidate: _Candidate) -> Shard:
+        step = candidate.step
+        return Shard(
+            rank=step.rank,
+            dump=self._path(self._generate_dump(step)),
+            pid=step.pid,
+            step=step.step,
+            line=step.line,
+            log=self._path(step.log),
+        )
 
     def _rank(self, good: list[_Candidate], rank: int | None) -> tuple[list[_Candidate], RankRule] | Unpaired:
         """The candidates at the rank a training dump of ``rank`` pairs with, and the rule that chose it."""

@@ -19,6 +19,7 @@ from typing import Any
 from msprobe_hooks.analysis import dumpfile, names, routing
 from msprobe_hooks.analysis.pairs import Pair, PairKind
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.shards import ShardError, Sharding, whole_stats, whole_tensor
 from msprobe_hooks.analysis.statistics import (
     Stats,
     flat_shape,
@@ -59,6 +60,7 @@ class Side:
     tokens: int | None = None  # the token rows its forward held (its embedding input's element count)
     layer_offset: int = 0  # a pipeline stage's dump: its first layer is the model's layer layer_offset
     rows: tuple[int, int] | None = None  # the rows a pair compares, [start, stop); None: all
+    shards: dict[int, Side] | None = None  # a TP engine's prefill: every rank's dump (this one among them)
 
 
 def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
@@ -164,6 +166,60 @@ def _stats(held: SideTensor, module: str, table: names.NameMap) -> tuple[Stats |
     return (fuse(parts) if len(parts) > 1 else parts[0]), None
 
 
+@dataclass
+class _Whole:
+    """A tensor a TP engine split across its ranks, made whole from every rank's shard (:mod:`shards`)."""
+
+    stats: Stats
+    name: str
+    sharding: Sharding
+    shards: list[tuple[Side, SideTensor]]  # in rank order
+
+
+def _made_whole(generate: Side, key: tuple[str, str, int], table: names.NameMap) -> tuple[_Whole | None, str | None]:
+    """The whole of an inference tensor split by tensor parallelism, or why it cannot be made (None, None:
+    the rule table says the tensor is not split)."""
+    module, io, _ = key
+    sharding = table.sharding(module, io)
+    if sharding is None:
+        return None, None
+    if not generate.shards:
+        return None, (
+            "a tensor-parallel shard, and the pair names no other rank's dump: dump every rank (msprobe config "
+            '"rank": []) and align again'
+        )
+    held: list[tuple[Side, SideTensor]] = []
+    stats: list[Stats] = []
+    for rank, side in sorted(generate.shards.items()):
+        tensor = side.tensors.get(key)
+        found, why = _stats(tensor, module, table) if tensor is not None else (None, "not dumped")
+        if found is None:
+            return None, f"a tensor-parallel shard; rank {rank}'s: {why}"
+        held.append((side, tensor))  # type: ignore[arg-type]
+        stats.append(found)
+    try:
+        whole = whole_stats(stats, sharding.dim)
+    except ShardError as exc:
+        return None, f"tensor-parallel shards that do not make one tensor: {exc}"
+    ranks = "+".join(str(rank) for rank in sorted(generate.shards))
+    return _Whole(whole, f"{held[0][1].name} (ranks {ranks} made whole)", sharding, held), None
+
+
+def _whole_tensor(whole: _Whole, train: SideTensor) -> Any:
+    """The whole tensor of a :class:`_Whole` (None without files; ShardError when the slices do not fit)."""
+    loaded = [_fused_tensor(side, held) for side, held in whole.shards]
+    if any(t is None for t in loaded):
+        return None
+    sizes: list[int] = []
+    if whole.sharding.parts > 1:  # [q_r | k_r | v_r] per rank: the whole's parts, from the training side's parts
+        parts = train.in_order()
+        if len(parts) != whole.sharding.parts or whole.sharding.dim != -1:
+            raise ShardError("the training side's parts do not give the sizes of each rank's parts")
+        sizes = [flat_shape(stats.shape)[-1] for _, stats, _ in parts]
+        loaded = [t.reshape(flat_shape(tuple(t.shape))) for t in loaded]
+    return whole_tensor(loaded, whole.sharding.dim, sizes)
+
+
 def _shape_text(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape))
 
@@ -217,10 +273,26 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         if not why and (train.rows or generate.rows):
             _compare_rows(row, train, t_held, generate, g_held, threshold)
             continue
+        whole = None
         if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
-            why = (
-                f"shapes differ ({row.train_shape} vs {row.generate_shape}): sharded differently by tensor parallelism?"
-            )
+            # An inference slice of a whole training tensor: made whole from every rank (a training slice of a
+            # whole inference tensor, Megatron TP against a TP 1 engine, is not).
+            if g_stats.numel < t_stats.numel:  # type: ignore[union-attr]
+                whole, why = _made_whole(generate, (module, io, call), table)
+            if whole is not None and whole.stats.numel == t_stats.numel:  # type: ignore[union-attr]
+                g_stats, row.generate_name = whole.stats, whole.name
+                row.generate_shape, row.generate_dtype = _shape_text(g_stats.shape), g_stats.dtype
+            elif whole is not None:
+                why = (
+                    f"tensor-parallel shards made whole hold {whole.stats.numel} elements, the training side "
+                    f"{t_stats.numel}: KV heads copied onto several ranks (TP > KV heads)?"  # type: ignore[union-attr]
+                )
+                whole = None
+            elif why is None:
+                why = (
+                    f"shapes differ ({row.train_shape} vs {row.generate_shape}): "
+                    "sharded differently by tensor parallelism?"
+                )
         if why:
             row.status, row.reason = Status.NOT_COMPARABLE, why
             continue
@@ -228,7 +300,12 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         row.max_rel, row.min_rel, row.norm_rel, row.mean_rel = (errors[s] for s in ("max", "min", "norm", "mean"))
         row.error = thresholded_error(errors)
         t_tensor = _fused_tensor(train, t_held) if "tensor" in (train.task, generate.task) else None
-        g_tensor = _fused_tensor(generate, g_held) if t_tensor is not None else None
+        g_tensor = None
+        if t_tensor is not None:
+            try:
+                g_tensor = _whole_tensor(whole, t_held) if whole is not None else _fused_tensor(generate, g_held)
+            except ShardError:
+                g_tensor = None  # compared on its statistics, as a tensor whose file is missing
         if g_tensor is not None:
             metrics = tensor_errors(t_tensor, g_tensor)
             row.cosine, row.max_abs, row.tensor_rel = metrics["cosine"], metrics["max_abs"], metrics["relative"]
@@ -317,6 +394,13 @@ def compare_pair(
     try:
         train = read_side(pair.train.dump, table, pair.train.layer_offset or 0)
         generate = read_side(pair.generate.dump, table)
+        if pair.generate.shards:  # a TP engine: every rank's dump of the prefill (this one read already)
+            generate.shards = {
+                shard.rank if shard.rank is not None else -1: (
+                    generate if shard.dump == pair.generate.dump else read_side(shard.dump, table)
+                )
+                for shard in pair.generate.shards
+            }
     except (OSError, ValueError) as exc:
         result.verdict, result.message = Verdict.FAILED, f"cannot read a dump: {exc}"
         return result, []

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from msprobe_hooks.analysis.shards import PARALLEL, Sharding
+
 # Path segments that wrap a module without changing what it computes.
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "module"})
 API_PREFIXES = ("Functional.", "Tensor.", "Torch.", "VF.", "Distributed.", "NPU.", "Triton.", "Aten.")
@@ -32,7 +34,9 @@ BUILTIN_MAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "name_map
 LAST_LAYER = -1
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_RULE_FIELDS = frozenset({"module", "names", "parts", "compare", "reason", "stream", "also", "classes"})
+_RULE_FIELDS = frozenset(
+    {"module", "names", "parts", "compare", "reason", "stream", "also", "classes", "parallel", "shard_dim"}
+)
 _STREAMS = ("previous_layer", "last_layer")
 
 
@@ -92,6 +96,8 @@ class Rule:
     also: tuple[tuple[str, str, str], ...] = ()  # (own io, canonical module, io)
     classes: frozenset[str] = frozenset()
     source: str = ""  # the file it came from
+    parallel: str | None = None  # how a tensor-parallel engine splits it (shards.PARALLEL); None: whole on every rank
+    shard_dim: int = -1  # the dimension its slices are cut along
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ class NameMap:
         self._by_last = by_last
         self._found: dict[tuple[str, str], tuple[Rule, int | None, int | None] | None] = {}
         self._fused = [(_compile(rule.module.split(".")), len(rule.parts)) for rule in self.rules if rule.parts]
+        self._parallel = [(_compile(rule.module.split(".")), rule) for rule in self.rules if rule.parallel]
 
     def lookup(self, path: str, cls: str) -> tuple[Rule, int | None, int | None] | None:
         """(rule, part, layer) of the first rule covering ``path`` (a module of class ``cls``), or None."""
@@ -151,6 +158,14 @@ class NameMap:
     def parts_of(self, module: str) -> int | None:
         """How many parts the training side dumps a fused canonical module as (``layers.3.self_attn.qkv_proj``: 3)."""
         return next((count for regex, count in self._fused if regex.fullmatch(module)), None)
+
+    def sharding(self, module: str, io: str) -> Sharding | None:
+        """How a tensor-parallel engine splits tensor ``io`` (input|output) of canonical ``module``; None: whole."""
+        for regex, rule in self._parallel:
+            if regex.fullmatch(module):
+                split = io in PARALLEL[rule.parallel]  # type: ignore[index]
+                return Sharding(rule.shard_dim, len(rule.parts) if io == "output" else 0) if split else None
+        return None
 
     def reason(self, key_or_text: str) -> str:
         """The sentence of a reason key (a rule's own sentence stays as it is)."""
@@ -219,6 +234,12 @@ def _rule(raw: Any, where: str, reasons: Mapping[str, str]) -> Rule:
                 f"{where}: also: {io}: {target!r}; expected input|output: 'canonical_module input|output'"
             )
         also.append((io, module, target_io))
+    parallel = raw.get("parallel")
+    if parallel is not None and parallel not in PARALLEL:
+        raise MappingError(f"{where}: parallel: {parallel!r}; accepted: {', '.join(PARALLEL)}")
+    shard_dim = raw.get("shard_dim", -1)
+    if not isinstance(shard_dim, int) or isinstance(shard_dim, bool) or shard_dim >= 0:
+        raise MappingError(f"{where}: shard_dim: {shard_dim!r}; expected a negative dimension (-1: the last)")
     return Rule(
         module=raw["module"],
         names=strings("names", [raw["module"]]),
@@ -229,6 +250,8 @@ def _rule(raw: Any, where: str, reasons: Mapping[str, str]) -> Rule:
         also=tuple(also),
         classes=frozenset(strings("classes", [])),
         source=where,
+        parallel=parallel,
+        shard_dim=shard_dim,
     )
 
 

@@ -20,7 +20,10 @@ packed decode step every request's row). ``rows`` null: the whole dump.
 ``rule`` says what joined the two sides (:class:`JoinRule`), ``key`` the value it joined on,
 ``rank_rule`` how the generate rank was chosen (:class:`RankRule`). ``filtered`` is true when the
 inference step packed several requests and msprobe's ``request_id`` filter cut the dump to this one;
-``offset``/``tokens`` are the request's rows in that step. ``line`` is the log line each side came
+``offset``/``tokens`` are the request's rows in that step. ``generate.shards``, only for an engine of
+several tensor-parallel ranks, lists the prefill's dump on every rank of that engine (``rank``, ``pid``,
+``step``, ``line``, ``dump``, ``log``; the pair's own ``generate`` rank among them): compare makes the
+split tensors whole from them (:mod:`shards`). ``line`` is the log line each side came
 from, ``format`` whose log it was (``msprobe-hooks`` or the published ``recipe``). Paths are absolute,
 or relative to the folder of the pairs file (so a pairs file edited by hand, or moved with its dump
 trees, still resolves). Unknown fields are kept: a newer ``align`` may add some.
@@ -57,6 +60,9 @@ class RankRule(_Text):
 
     SAME = "same"  # the generate rank equal to the training rank (the recipe's rule; Megatron's only one)
     FSDP_ANY = "fsdp_any"  # FSDP ranks hold whole activations: the lowest generate rank that dumped it
+    # FSDP against a tensor-parallel engine: every rank of the engine that ran the prefill (generate.shards),
+    # split tensors made whole; generate.rank is its lowest rank
+    ALL_RANKS = "all_ranks"
 
 
 SIDES = ("train", "generate")
@@ -89,6 +95,18 @@ class TrainSide:
 
 
 @dataclass
+class Shard:
+    """One tensor-parallel rank's dump of a pair's inference prefill."""
+
+    rank: int | None
+    dump: str
+    pid: int | None = None
+    step: int | None = None
+    line: int | None = None
+    log: str | None = None
+
+
+@dataclass
 class GenerateSide:
     """The inference dump of a pair and the dispatch-log line of its step."""
 
@@ -106,7 +124,12 @@ class GenerateSide:
     tokens: int | None = None
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
+    shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Fields written only when set: a pair of a TP=1 engine reads as it always has.
+_OPTIONAL = frozenset({"shards"})
 
 
 @dataclass
@@ -144,15 +167,23 @@ class Pair:
 
 
 def _side_record(side: TrainSide | GenerateSide) -> dict[str, Any]:
-    record = {f.name: getattr(side, f.name) for f in dataclasses.fields(side) if f.name != "extra"}
+    record = {
+        f.name: getattr(side, f.name)
+        for f in dataclasses.fields(side)
+        if f.name != "extra" and not (f.name in _OPTIONAL and getattr(side, f.name) is None)
+    }
+    if record.get("shards") is not None:
+        record["shards"] = [dataclasses.asdict(shard) for shard in record["shards"]]
     return {**record, **side.extra}
 
 
 def _side(cls: type, record: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-    return cls(
-        **{k: v for k, v in record.items() if k in names}, extra={k: v for k, v in record.items() if k not in names}
-    )
+    known = {k: v for k, v in record.items() if k in names}
+    if isinstance(known.get("shards"), list):
+        fields = {f.name for f in dataclasses.fields(Shard)}
+        known["shards"] = [Shard(**{k: v for k, v in s.items() if k in fields}) for s in known["shards"]]
+    return cls(**known, extra={k: v for k, v in record.items() if k not in names})
 
 
 def resolve(path: str, pairs_file: str) -> str:
@@ -193,6 +224,14 @@ def read(path: str) -> Iterator[Pair]:
                 if not isinstance(dump, str) or not dump:
                     raise PairsFileError(f"{where}: no {side}.dump path; each pair names both dump.json files")
                 record[side]["dump"] = resolve(dump, path)
+            shards = record["generate"].get("shards")
+            if shards is not None:
+                if not isinstance(shards, list) or not all(
+                    isinstance(s, dict) and isinstance(s.get("dump"), str) and s["dump"] for s in shards
+                ):
+                    raise PairsFileError(f"{where}: generate.shards must be a list of objects, each with a dump path")
+                for shard in shards:
+                    shard["dump"] = resolve(shard["dump"], path)
             if not isinstance(record.setdefault("pair", index), int):
                 raise PairsFileError(f"{where}: pair must be an integer (the pair's number)")
             index += 1

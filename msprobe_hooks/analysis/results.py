@@ -60,7 +60,9 @@ class Unpaired(_Text):
     AMBIGUOUS_HASH = "ambiguous hash"  # equal prompts under different ids, or several requests with one prompt
     OTHER_STEP = "another global step"  # its only counterparts ran in another rollout round (the line times say)
     OTHER_RANKS_ONLY = "other ranks only"  # Megatron: no generate dump at the training rank
-    REPLICA = "replica"  # another dump of a prefill that was paired (other TP ranks' copies, a recomputed prefill)
+    REPLICA = (
+        "replica"  # another dump of a prefill that was paired (a recomputed prefill; a TP rank's copy not told apart)
+    )
     NO_JOIN_KEY = "no join key"  # neither a request id nor a prompt hash
     DUMP_UNREADABLE = "dump unreadable"  # its dump.json is missing or unreadable (named on stderr)
     NO_COUNTERPART = "no counterpart"  # nothing on the other side carries its key

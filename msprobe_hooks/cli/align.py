@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from msprobe_hooks.analysis import pairs
     from msprobe_hooks.analysis.align import Aligner, config_request_ids
     from msprobe_hooks.analysis.logs import find_logs
+    from msprobe_hooks.analysis.shards import replica_lines
     from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
     def fail(message: str) -> int:
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         f"align: {len(result.pairs)} pairs{f' ({by_rule})' if by_rule else ''} from {result.train_total} "
         f"training dumps and {result.generate_total} generate dumps -> {args.output}"
     )
+    for line in replica_lines(result.pairs):
+        print(line)
     if result.train_unpaired or result.generate_unpaired:
         print("unpaired, by reason:")
         print(unpaired_table(result.train_unpaired, result.generate_unpaired))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas
@@ -31,6 +33,11 @@ EXAMPLES = REPO / "examples"
 
 # Tokens generated per prompt on the inference side (a prefill, then decodes align leaves out).
 MAX_NEW_TOKENS = 2
+
+
+def cores(ranks: int) -> str:
+    """One core per rank, as vLLM's and SGLang's CPU engines want them named (``"0|1"``; wrapping round)."""
+    return "|".join(str(rank % (os.cpu_count() or 1)) for rank in range(ranks))
 
 
 def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
@@ -60,9 +67,21 @@ def _run(command: list[str], env: dict[str, str], log: Path) -> None:
 
 
 def run_training(
-    tmp: Path, model: Path, prompts: Path, config: str, engine: str = "fsdp", tensor_parallel: int = 1
+    tmp: Path,
+    model: Path,
+    prompts: Path,
+    config: str,
+    world_size: int = 1,
+    extra: Sequence[str] = (),
+    engine: str = "fsdp",
+    tensor_parallel: int = 1,
 ) -> Path:
-    """verl's FSDP2 (or Megatron) engine, one prompt-only dump per prompt; returns the training dump root."""
+    """verl's FSDP2 (or Megatron) engine, one prompt-only dump per prompt; returns the training dump root.
+
+    ``world_size`` 2 runs it under torchrun (gloo): each data-parallel rank dumps its contiguous share of the
+    prompts. ``extra``: more arguments of ``examples/cpu_demo.py`` (``--log-prob-only``). ``engine``
+    ``megatron`` at ``tensor_parallel`` k runs k ranks (at least) sharing the prompts.
+    """
     env = shim_env(
         DUMP_ON="1",
         PROMPTS_ONLY="1",
@@ -71,21 +90,27 @@ def run_training(
         TORCHDYNAMO_DISABLE="1",
         OMP_NUM_THREADS="1",
     )
-    launch = [sys.executable]
-    if tensor_parallel > 1:
-        launch += ["-m", "torch.distributed.run", f"--nproc_per_node={tensor_parallel}"]
-    command = [*launch, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
-    command += [os.fspath(prompts), "--engine", engine, "--tensor-parallel", str(tensor_parallel)]
-    _run(command, env, tmp / "train.log")
+    command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
+    if engine != "fsdp":
+        extra = (*extra, "--engine", engine, "--tensor-parallel", str(tensor_parallel))
+    world_size = max(world_size, tensor_parallel)
+    if world_size > 1:
+        with socket.socket() as sock:  # a free port for torchrun's rendezvous
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={world_size}", f"--master_port={port}"]
+        command = [command[0], *launcher, *command[1:]]
+    _run([*command, os.fspath(prompts), *extra], env, tmp / "train.log")
     return tmp / "actor"
 
 
-def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
-    """SGLang's CPU engine, one prompt per ``generate`` call; returns the inference dump root.
+def run_sglang(tmp: Path, model: Path, prompts: Path, config: str, tp: int = 1) -> Path:
+    """SGLang's CPU engine (``tp`` ranks), one prompt per ``generate`` call; returns the inference dump root.
 
     SGLang 0.5.11+ dumps through its own switch (``msprobe_dump_config``), which needs the
     ``dump_path`` in the config: a copy of ``config`` names ``tmp/generate``. The radix cache is off,
-    so every prefill holds its whole prompt.
+    so every prefill holds its whole prompt. ``tp`` > 1 binds one core per rank
+    (``SGLANG_CPU_OMP_THREADS_BIND``, which SGLang's CPU engine asks for).
     """
     root = tmp / "generate"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -98,33 +123,55 @@ def run_sglang(tmp: Path, model: Path, prompts: Path, config: str) -> Path:
     scenario = {
         "model": os.fspath(model),
         "tokenizer": os.fspath(tokenizer_dir(model, tmp / "tokenizer")),
-        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True},
+        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True, "tp_size": tp},
         "waves": waves,
     }
-    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1")
+    bind = {"SGLANG_CPU_OMP_THREADS_BIND": cores(tp)} if tp > 1 else {}
+    run = run_engine(tmp / "sglang", scenario, DUMP_ON="1", **bind)
     assert {rid: len(ids) for rid, ids in run.outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
     return root
 
 
 def run_vllm(
-    tmp: Path, model: Path, prompts: Path, config: str, dtype: str = "float32", tp: int = 1, **env_vars: str
+    tmp: Path,
+    model: Path,
+    prompts: Path,
+    config: str,
+    dtype: str = "float32",
+    tp: int = 1,
+    root: Path | None = None,
+    **env_vars: str,
 ) -> Path:
-    """vLLM's CPU engine (in ``dtype``, tensor parallel ``tp``: one core per worker), one request per prefill
-    step, with ``env_vars`` set too (``MSPROBE_HOOKS_ROUTING="1"``); returns the inference dump root."""
+    """vLLM's CPU engine (in ``dtype``, ``tp`` workers), one request per prefill step; returns the inference dump root.
+
+    ``tp`` > 1 binds one core per worker (``VLLM_CPU_OMP_THREADS_BIND``, what vLLM's CPU workers need on
+    one NUMA node). ``root``: the generate dump root (default ``tmp/generate``); two runs given the same
+    root leave their dumps side by side, as two replicas of one job do. ``env_vars`` are set too
+    (``MSPROBE_HOOKS_ROUTING="1"``).
+    """
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
-    if tp > 1:  # vLLM binds each CPU worker to its cores; this machine has one NUMA node
-        env_vars.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tp)))
+    root = root or tmp / "generate"
+    config = _with_dump_path(Path(config), tmp / "generate-config.json", root) if root != tmp / "generate" else config
     env = engine_env(
         rpc, DUMP_ON="1", MSPROBE_GENERATE_CONFIG=config, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp), **env_vars
     )
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores(tp)
     command = [os.fspath(VLLM_PYTHON), os.fspath(EXAMPLES / "vllm_generate.py"), os.fspath(model), os.fspath(prompts)]
     command += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
     try:
         _run(command, env, tmp / "vllm.log")
     finally:
         shutil.rmtree(rpc, ignore_errors=True)
-    return tmp / "generate"
+    return root
+
+
+def _with_dump_path(config: Path, copy: Path, root: Path) -> str:
+    """A copy of the msprobe config ``config`` whose ``dump_path`` is ``root``."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(json.dumps({**json.loads(config.read_text()), "dump_path": os.fspath(root)}))
+    return os.fspath(copy)
 
 
 def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:

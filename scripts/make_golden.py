@@ -34,7 +34,7 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``qwen3/``: a tiny Qwen3 (q/k norms; 2 layers, hidden 128): FSDP2 (``actor/``) against vLLM and SGLang,
   and vLLM on a copy with ``layers.1.self_attn.k_norm`` x1.05 (``vllm_k_norm/``);
 * ``moe/``: a tiny Qwen3-MoE (3 layers of 8 experts, top 2; ``cpu_kit/moe_inputs.py``): FSDP2 in tensor mode
-  (``actor/``: the routers' expert ids) and in statistics (``actor_statistics/``), vLLM with
+  (``actor/``: of its tensors, the routers' logits and expert ids) and in statistics (``actor_statistics/``), vLLM with
   ``MSPROBE_HOOKS_ROUTING=1`` (its ``routed_experts.jsonl``) in fp32 (``fp32/``) and bf16 (``bf16/``), on a
   copy whose layer-1 router sends a known share of the tokens elsewhere (``router/``, ``bf16_router/``; what
   was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
@@ -305,6 +305,7 @@ def _moe(work: Path, out: Path) -> None:
     for name, tree in trees.items():
         _copy_tree(tree, out / name)
     shutil.copyfile(router / ROUTER_FAULT_FILE, out / "moe" / ROUTER_FAULT_FILE)
+    keep_tensors(out / "moe" / "actor", lambda name: ".mlp.gate." in name and name.endswith((".0.pt", ".2.pt")))
 
 
 def _shared(work: Path, out: Path) -> None:
@@ -331,17 +332,24 @@ def _moe_sglang(work: Path, out: Path) -> None:
     slim_to_prefill_routing(out / "moe_sglang" / "generate")
 
 
+def keep_tensors(root: Path, keep) -> None:
+    """Of a tensor-mode tree's tensor files, only those whose name ``keep`` accepts: what the routing tests read
+    (a router's logits and ids); every other tensor compares on the statistics its dump.json holds, as it does
+    against an inference side in statistics mode."""
+    for path in root.rglob("*.pt"):
+        if not keep(path.name):
+            path.unlink()
+
+
 def slim_to_prefill_routing(root: Path) -> None:
     """A tensor-mode inference tree cut to what its routing test reads: the prefill steps (the dispatch log
-    says which; SGLang dumps every decode too) and, of the tensors, the TopK modules' expert ids (the rest
-    compares on the statistics of dump.json). About 0.5 MB instead of 6."""
+    says which; SGLang dumps every decode too) and, of the tensors, the TopK modules' expert ids. About 0.5 MB
+    instead of 6."""
     for log in root.glob("*/dispatch_log.jsonl"):
         for line in map(json.loads, log.read_text().splitlines()):
             if not any(row.get("prefill") for row in line["requests"]):
                 shutil.rmtree(log.parent / f"step{line['step']}", ignore_errors=True)
-    for path in root.rglob("*.pt"):
-        if not (".mlp.topk." in path.name and path.name.endswith(".output.topk_ids.pt")):
-            path.unlink()
+    keep_tensors(root, lambda name: ".mlp.topk." in name and name.endswith(".output.topk_ids.pt"))
 
 
 SETS = {

@@ -6,6 +6,8 @@ with a progress bar on a terminal.
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -29,7 +31,10 @@ def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str
         for i, pair in enumerate(tqdm(pairs, unit="pair", disable=None)):
             yield compare_pair(i, pair, threshold, mapping)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # A process whose torch already ran (tensor-mode pairs compared here before) must not fork workers that run
+    # torch again: its thread pools do not survive a fork (the workers hang). Spawned workers start clean.
+    context = multiprocessing.get_context("spawn") if "torch" in sys.modules else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = [pool.submit(compare_pair, i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
         for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
             yield future.result()

@@ -296,19 +296,3 @@ def test_a_flip_on_the_sglang_side_is_found_in_its_topk_ids(tmp_path):
     table = routed(tmp_path)
     assert table[table["flipped"] > 0][["pair", "layer", "flipped"]].values.tolist() == [[0, 2, 1]]
     assert list(results["routing_layer"].dropna()) == [2.0]
-
-
-def test_the_routing_comparison_comes_back_from_a_process_pool(tmp_path):
-    """Eight pairs on two workers (a pool: ``pool.PAIRS_PER_PROCESS`` pairs a worker): the routing rows travel
-    with their results and the report is the one a single process writes."""
-    found = tmp_path / "pairs.jsonl"
-    assert main(["align", str(MOE / "actor"), str(MOE / "router" / "generate"), "-o", str(found)]) == 0
-    lines = found.read_text().splitlines()
-    many = tmp_path / "many.jsonl"
-    many.write_text("".join(json.dumps({**json.loads(lines[i % 2]), "pair": i}) + "\n" for i in range(8)))
-    tables = []
-    for jobs in ("1", "2"):
-        out = tmp_path / f"jobs{jobs}"
-        assert main(["compare", str(many), "-o", str(out), "--jobs", jobs]) == 0
-        tables.append((out / routing.ROUTING_CSV).read_text())
-    assert tables[0] == tables[1] and len(tables[0].splitlines()) == 1 + 8 * MOE_LAYERS

@@ -376,7 +376,13 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
             row["rollout_log_probs"] = torch.tensor(values, dtype=torch.float32)
         rows.append(row)
     data = tu.list_of_dict_to_tensordict(rows)
-    settings = {
+    tu.assign_non_tensor(data, **engine_settings(micro_batch_size, **flags))
+    return data
+
+
+def engine_settings(micro_batch_size: int, **flags: Any) -> dict[str, Any]:
+    """The non-tensor fields verl's trainer sets on an engine batch (``flags`` override them)."""
+    return {
         "use_remove_padding": True,
         "use_dynamic_bsz": False,
         "micro_batch_size_per_gpu": micro_batch_size,
@@ -385,10 +391,8 @@ def make_batch(samples: Sequence[Sample], micro_batch_size: int = 2, global_step
         "calculate_entropy": True,
         "compute_loss": False,
         "pad_token_id": PAD_TOKEN_ID,
+        **flags,
     }
-    settings.update(flags)
-    tu.assign_non_tensor(data, **settings)
-    return data
 
 
 def log_probs(engine: Any, data: Any) -> list[torch.Tensor]:

@@ -20,7 +20,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   rules on real pairs.
 * ``megatron/``: verl's real Megatron engine (bf16, the local layer spec; ``make install-megatron``) at
   TP 1 (``tp1/``) and TP 2 (``tp2/``, a rank folder each) on the demo's model and prompts, against vLLM
-  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``) and on the demo's perturbed copy (``vllm_perturbed/``);
+  in fp32 (``vllm/``), in bf16 (``vllm_bf16/``), on the demo's perturbed copy (``vllm_perturbed/``) and at
+  TP 2 (``vllm_tp2/``, one ``{pid}`` folder per rank);
 * ``tp2/``: tensor parallel 2 on a 2-layer model of 4 query and 2 KV heads (hidden 128, ``TP2_MODEL``):
   ``actor/`` verl's FSDP2 engine, ``vllm/`` and ``sglang/`` the engines at TP 2 (one ``{pid}`` folder per
   rank), ``vllm_gate_up/`` vLLM at TP 2 on a copy with layer 1's ``gate_proj`` and ``up_proj`` x1.04 (a
@@ -195,9 +196,15 @@ def _megatron(work: Path, out: Path) -> None:
     for tp in (1, 2):
         tree = run_training(work / f"tp{tp}", model, prompts, stats, engine="megatron", tensor_parallel=tp)
         _copy_tree(tree, out / "megatron" / f"tp{tp}" / "actor")
-    for name, weights, dtype in (("vllm", model, "float32"), ("vllm_bf16", model, "bfloat16"),
-                                 ("vllm_perturbed", perturbed, "float32")):  # fmt: skip
-        _copy_tree(run_vllm(work / name, weights, prompts, stats, dtype), out / "megatron" / name / "generate")
+    runs = (
+        ("vllm", model, "float32", 1),
+        ("vllm_bf16", model, "bfloat16", 1),
+        ("vllm_perturbed", perturbed, "float32", 1),
+        ("vllm_tp2", model, "float32", 2),
+    )
+    for name, weights, dtype, tp in runs:
+        tree = run_vllm(work / name, weights, prompts, stats, dtype, tp=tp)
+        _copy_tree(tree, out / "megatron" / name / "generate")
 
 
 # The TP sets' model: 4 query heads and 2 KV heads of 32 (TP 2 splits both), 2 layers.

@@ -349,15 +349,17 @@ class Aligner:
         return group
 
     def _shard(self, candidate: _Candidate) -> Shard:
-        step = candidate.step
-        return Shard(
-            rank=step.rank,
-            dump=self._path(self._generate_dump(step)),
-            pid=step.pid,
-            step=step.step,
-            line=step.line,
-            log=self._path(step.log),
-        )
+        return Shard(dump=self._path(self._generate_dump(candidate.step)), **self._whence(candidate.step))
+
+    def _whence(self, entry: TrainDump | GenStep) -> dict[str, Any]:
+        """Where a side of a pair was logged: its msprobe step, rank, process, log file and line."""
+        return {
+            "step": entry.step,
+            "rank": entry.rank,
+            "pid": entry.pid,
+            "log": self._path(entry.log),
+            "line": entry.line,
+        }
 
     def _rank(self, good: list[_Candidate], rank: int | None) -> tuple[list[_Candidate], RankRule] | Unpaired:
         """The candidates at the rank a training dump of ``rank`` pairs with, and the rule that chose it."""
@@ -496,11 +498,7 @@ class Aligner:
             rank_rule=rank_rule,
             train=TrainSide(
                 dump=self._path(train_path),
-                step=dump.step,
-                rank=dump.rank,
-                pid=dump.pid,
-                log=self._path(dump.log),
-                line=dump.line,
+                **self._whence(dump),
                 global_step=dump.global_step,
                 micro_batch=dump.micro_batch,
                 sample=dump.index,
@@ -511,11 +509,7 @@ class Aligner:
             ),
             generate=GenerateSide(
                 dump=self._path(self._generate_dump(step)),
-                step=step.step,
-                rank=step.rank,
-                pid=step.pid,
-                log=self._path(step.log),
-                line=step.line,
+                **self._whence(step),
                 engine=step.engine,
                 request_id=row.request_id,
                 filtered=len(step.rows) > 1,

@@ -74,8 +74,8 @@ class PairsFileError(ValueError):
 
 
 @dataclass
-class TrainSide:
-    """The training dump of a pair and the log line that described it."""
+class _Side:
+    """What both sides of a pair say: the dump, and the log line that described it (where, which process)."""
 
     dump: str
     step: int | None = None
@@ -83,6 +83,13 @@ class TrainSide:
     pid: int | None = None
     log: str | None = None
     line: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer align, kept as they were read
+
+
+@dataclass
+class TrainSide(_Side):
+    """The training dump of a pair and the log line that described it."""
+
     global_step: Any = None
     micro_batch: Any = None
     sample: int | None = None
@@ -91,7 +98,6 @@ class TrainSide:
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the sample's token rows in the dump; None: all of them
     layer_offset: int | None = None  # Megatron pipeline stage: its layer 0 is the model's layer layer_offset
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,15 +113,9 @@ class Shard:
 
 
 @dataclass
-class GenerateSide:
+class GenerateSide(_Side):
     """The inference dump of a pair and the dispatch-log line of its step."""
 
-    dump: str
-    step: int | None = None
-    rank: int | None = None
-    pid: int | None = None
-    log: str | None = None
-    line: int | None = None
     engine: str | None = None
     request_id: str | None = None
     filtered: bool = False
@@ -125,11 +125,10 @@ class GenerateSide:
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
     shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # Fields written only when set: a pair of a TP=1 engine reads as it always has.
-_OPTIONAL = frozenset({"shards"})
+_OPTIONAL = frozenset({"shards", "layer_offset"})
 
 
 @dataclass

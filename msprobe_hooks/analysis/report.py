@@ -29,6 +29,7 @@ from msprobe_hooks.analysis.results import (
     PairResult,
     Status,
     Verdict,
+    module_columns,
 )
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
@@ -140,7 +141,7 @@ def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[An
     """
     import pandas
 
-    table = pandas.DataFrame([row.record() for row in rows], columns=list(MODULE_COLUMNS))
+    table = pandas.DataFrame(module_columns(rows), columns=list(MODULE_COLUMNS))
     table = table.sort_values(["pair", "order"], kind="stable")
     ordered = sorted(results, key=lambda r: r.pair)
     columns = [
@@ -265,10 +266,10 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
         out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
 
     details = []
+    # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
+    shown = {pair: rows for pair, rows in table[table["status"] != Status.NOT_COMPARABLE.value].groupby("pair")}
     for r in ordered:
-        # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-        shown = (table["pair"] == r.pair) & (table["status"] != Status.NOT_COMPARABLE.value)
-        mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
+        mine = shown.get(r.pair, table.iloc[:0]).dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"

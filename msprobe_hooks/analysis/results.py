@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +88,7 @@ def _cell(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-@dataclass
+@dataclass(slots=True)
 class ModuleRow:
     """One tensor of one pair: a row of ``modules.csv`` (its fields are the columns, in order).
 
@@ -125,6 +126,12 @@ class ModuleRow:
 
 
 MODULE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModuleRow))
+
+
+def module_columns(rows: Sequence[ModuleRow]) -> dict[str, list[Any]]:
+    """``modules.csv`` column by column (a DataFrame of a long run's rows is built from lists, not from a dict
+    per row: a run of 1,000 pairs holds ~150,000 rows)."""
+    return {name: [_cell(getattr(row, name)) for row in rows] for name in MODULE_COLUMNS}
 
 
 @dataclass

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from msprobe_hooks.analysis.logs import find_logs
 from msprobe_hooks.analysis.pairs import PairKind
 from msprobe_hooks.analysis.results import PairResult, Verdict, _Text
 from msprobe_hooks.join_keys import GAP_LOG, strip_vllm_suffix
@@ -58,18 +59,11 @@ class SampleCause:
 def gap_logs(train_logs: Iterable[str]) -> list[str]:
     """The ``logprob_gap.jsonl`` files beside the training logs the pairs name (one per training process)."""
     folders = {os.path.dirname(os.path.dirname(os.path.abspath(log))) for log in train_logs if log}
-    found = []
-    for root in sorted(folders):
-        for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-            path = os.path.join(root, entry, GAP_LOG)
-            if os.path.isfile(path):
-                found.append(path)
-    return found
+    return [path for root in sorted(folders) if os.path.isdir(root) for path in find_logs(root, GAP_LOG)]
 
 
-def read_gaps(paths: Iterable[str]) -> dict[tuple[str, object], dict[str, object]]:
-    """(request id, suffix stripped; global step) -> that sample's gap line; bad lines are skipped."""
-    gaps: dict[tuple[str, object], dict[str, object]] = {}
+def gap_lines(paths: Iterable[str]) -> Iterator[dict[str, object]]:
+    """Every line of the gap logs ``paths``, in order; bad lines are skipped."""
     for path in paths:
         with open(path, encoding="utf-8", errors="replace") as lines:
             for line in lines:
@@ -77,10 +71,17 @@ def read_gaps(paths: Iterable[str]) -> dict[tuple[str, object], dict[str, object
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a kill: the rest of the file still counts
-                request_id = record.get("request_id") if isinstance(record, dict) else None
-                if request_id is not None:
-                    gaps[(strip_vllm_suffix(str(request_id)), record.get("global_step"))] = record
-    return gaps
+                if isinstance(record, dict):
+                    yield record
+
+
+def read_gaps(paths: Iterable[str]) -> dict[tuple[str, object], dict[str, object]]:
+    """(request id, suffix stripped; global step) -> that sample's gap line (the last, when ids repeat)."""
+    return {
+        (strip_vllm_suffix(str(record["request_id"])), record.get("global_step")): record
+        for record in gap_lines(paths)
+        if record.get("request_id") is not None
+    }
 
 
 def causes(results: Sequence[PairResult], gaps: dict[tuple[str, object], dict[str, object]]) -> list[SampleCause]:

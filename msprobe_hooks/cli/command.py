@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recipe": ("recipe", "print the verl overrides and exports that pass every preflight check"),
     "align": ("align", "pair training prompt-only dumps with inference full-prefill dumps (writes pairs.jsonl)"),
     "compare": ("compare", "compare every pair module by module; report the first divergent module"),
+    "gaps": ("gaps", "print the samples with the largest log-prob gap to the rollout, and how to dump just those"),
 }
 
 

@@ -17,6 +17,8 @@ import pandas
 import pytest
 from support import golden
 
+from msprobe_hooks.analysis import pairs
+from msprobe_hooks.analysis.pairs import RankRule
 from msprobe_hooks.analysis.results import Status, Verdict
 from msprobe_hooks.cli import main
 
@@ -29,22 +31,22 @@ COMPARED_PER_PAIR = 19 * 4 + 4
 
 
 def compare(tmp_path: Path, train: Path, generate: Path, *extra: str) -> tuple[pandas.DataFrame, pandas.DataFrame]:
-    found, report = tmp_path / "pairs.jsonl", tmp_path / "report"
-    assert main(["align", str(train), str(generate), "-o", str(found), "--backend", "megatron", *extra]) == 0
-    status = main(["compare", str(found), "-o", str(report), "--jobs", "1"])
+    pairs_file, report = tmp_path / "pairs.jsonl", tmp_path / "report"
+    assert main(["align", str(train), str(generate), "-o", str(pairs_file), "--backend", "megatron", *extra]) == 0
+    status = main(["compare", str(pairs_file), "-o", str(report), "--jobs", "1"])
     assert status in (0, 1)
-    pairs = pandas.read_csv(report / "pairs.csv", keep_default_na=False)
-    return pairs, pandas.read_csv(report / "modules.csv", keep_default_na=False)
+    results = pandas.read_csv(report / "pairs.csv", keep_default_na=False)
+    return results, pandas.read_csv(report / "modules.csv", keep_default_na=False)
 
 
 @pytest.mark.parametrize("inference", ["vllm", "vllm_bf16"])
 def test_same_weights_compare_every_activation_and_name_nothing(tmp_path, inference):
-    pairs, rows = compare(tmp_path, MEGATRON / "tp1/actor", MEGATRON / inference / "generate")
-    assert sorted(pairs["key"]) == [f"req-{i}" for i in range(4)]
-    assert set(pairs["verdict"]) == {Verdict.NO_DIVERGENCE.value}
+    found, rows = compare(tmp_path, MEGATRON / "tp1/actor", MEGATRON / inference / "generate")
+    assert sorted(found["key"]) == [f"req-{i}" for i in range(4)]
+    assert set(found["verdict"]) == {Verdict.NO_DIVERGENCE.value}
     # Every Megatron activation with an inference counterpart compared: the embedding output and the residual
     # stream (TransformerBlock, TransformerLayer) included; nothing left unmatched for want of a rule.
-    assert list(pairs["compared"]) == [COMPARED_PER_PAIR] * 4 and set(pairs["unmatched"]) == {0}
+    assert list(found["compared"]) == [COMPARED_PER_PAIR] * 4 and set(found["unmatched"]) == {0}
     compared = rows[rows["status"] == Status.COMPARED.value]
     assert {"embed_tokens", "layers.3", "norm"} <= set(compared["module"])
     # bf16 Megatron against vLLM: the noise (measured up to 1.2e-2 against fp32, 1.7e-2 against bf16) is never a
@@ -55,17 +57,17 @@ def test_same_weights_compare_every_activation_and_name_nothing(tmp_path, infere
 
 
 def test_a_planted_fault_is_named_at_its_module(tmp_path):
-    pairs, _ = compare(tmp_path, MEGATRON / "tp1/actor", MEGATRON / "vllm_perturbed/generate")
-    assert set(pairs["verdict"]) == {Verdict.DIVERGES.value}
-    assert set(pairs["first_module"] + " " + pairs["first_io"]) == {f"{PLANTED} output"}
-    assert set(pairs["first_rule"]) == {"step"}
+    found, _ = compare(tmp_path, MEGATRON / "tp1/actor", MEGATRON / "vllm_perturbed/generate")
+    assert set(found["verdict"]) == {Verdict.DIVERGES.value}
+    assert set(found["first_module"] + " " + found["first_io"]) == {f"{PLANTED} output"}
+    assert set(found["first_rule"]) == {"step"}
 
 
 def test_tensor_parallel_2_pads_odd_prompts_which_statistics_cannot_cut(tmp_path):
     # verl pads every BSHD sequence to a multiple of the TP size: the 9- and 5-token prompts are dumped as 10
     # and 6 tokens. Their statistics hold the pad row: not comparable, said so; the others compare on rank 0.
-    pairs, _ = compare(tmp_path, MEGATRON / "tp2/actor", MEGATRON / "vllm/generate")
-    by_key = pairs.set_index("key")
+    found, _ = compare(tmp_path, MEGATRON / "tp2/actor", MEGATRON / "vllm/generate")
+    by_key = found.set_index("key")
     for key, length in zip(by_key.index, PROMPT_LENS, strict=True):
         verdict = by_key.loc[key, "verdict"]
         if length % 2:
@@ -106,10 +108,10 @@ def test_a_pipeline_stage_is_compared_as_the_models_layers(tmp_path):
     stage = _last_stage(tmp_path, offset=2)
     generate = golden.copy("megatron/vllm", tmp_path) / "generate"
     golden.scale_output(generate, "layers.3.mlp.down_proj", 1.05)  # a fault of known place on the stage
-    pairs, rows = compare(tmp_path, stage, generate)
-    assert set(pairs["verdict"]) == {Verdict.DIVERGES.value}
-    assert set(pairs["first_module"] + " " + pairs["first_io"]) == {"layers.3.mlp.down_proj output"}
-    assert set(pairs["unmatched"]) == {0}
+    found, rows = compare(tmp_path, stage, generate)
+    assert set(found["verdict"]) == {Verdict.DIVERGES.value}
+    assert set(found["first_module"] + " " + found["first_io"]) == {"layers.3.mlp.down_proj output"}
+    assert set(found["unmatched"]) == {0}
     earlier = rows[rows["reason"].str.startswith("on an earlier pipeline stage")]
     assert set(earlier["status"]) == {Status.NOT_COMPARABLE.value}
     assert {m.split(".")[0] for m in earlier["module"]} == {"embed_tokens", "layers"}
@@ -117,7 +119,24 @@ def test_a_pipeline_stage_is_compared_as_the_models_layers(tmp_path):
 
 
 def test_without_its_offset_a_stage_would_be_compared_against_the_wrong_layers(tmp_path):
-    pairs, _ = compare(tmp_path, _last_stage(tmp_path, offset=2, log_offset=False), MEGATRON / "vllm/generate")
+    found, _ = compare(tmp_path, _last_stage(tmp_path, offset=2, log_offset=False), MEGATRON / "vllm/generate")
     # Layer 2 against vLLM's layer 0: the very first comparison is off by far more than noise.
-    assert set(pairs["verdict"]) == {Verdict.DIVERGES.value}
-    assert set(pairs["first_module"].str.split(".").str[:2].str.join(".")) == {"layers.0"}
+    assert set(found["verdict"]) == {Verdict.DIVERGES.value}
+    assert set(found["first_module"].str.split(".").str[:2].str.join(".")) == {"layers.0"}
+
+
+def test_tensor_parallel_2_meets_tensor_parallel_2_rank_by_rank(tmp_path):
+    # Megatron TP 2 against vLLM TP 2: each rank's shards against the inference rank sharded alike.
+    found, rows = compare(tmp_path, MEGATRON / "tp2/actor", MEGATRON / "vllm_tp2/generate")
+    lines = list(pairs.read(str(tmp_path / "pairs.jsonl")))
+    assert sorted((p.key, p.train.rank, p.generate.rank) for p in lines) == [
+        (f"req-{i}", rank, rank) for i in range(4) for rank in (0, 1)
+    ]
+    assert {p.rank_rule for p in lines} == {RankRule.SAME}
+    even = found[found["key"].isin(["req-0", "req-3"])]  # the odd prompts are padded (the test above)
+    assert set(even["verdict"]) == {Verdict.NO_DIVERGENCE.value}
+    # (blank counts where a padded pair compared nothing: the columns read as text)
+    assert list(even["compared"].astype(float)) == [COMPARED_PER_PAIR] * 4
+    assert set(even["unmatched"].astype(float)) == {0}
+    sharded = rows[rows["reason"].str.contains("tensor.parallel", regex=True)]
+    assert sharded.empty, sharded[["module", "reason"]].to_string()

@@ -245,6 +245,7 @@ sys.exit(cli.main(sys.argv[1:]))
         ["preflight", "--help"],
         ["align", "--help"],
         ["compare", "--help"],
+        ["gaps", "--help"],
     ],
 )
 def test_every_command_runs_without_verl_s_config_stack(argv, tmp_path):

@@ -102,16 +102,5 @@ def v0_engine_batch(samples: Sequence[Any], micro_batch_size: int = 2, global_st
         non_tensors["request_id"] = np.array([s.request_id for s in samples], dtype=object)
     batch = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info={"global_steps": global_step})
     data = left_right_2_no_padding(batch.to_tensordict())
-    settings = {
-        "use_remove_padding": True,
-        "use_dynamic_bsz": False,
-        "micro_batch_size_per_gpu": micro_batch_size,
-        "use_fused_kernels": False,
-        "temperature": 1.0,
-        "calculate_entropy": True,
-        "compute_loss": False,
-        "pad_token_id": verl_cpu.PAD_TOKEN_ID,
-        **flags,
-    }
-    tu.assign_non_tensor(data, **settings)
+    tu.assign_non_tensor(data, **verl_cpu.engine_settings(micro_batch_size, **flags))
     return data

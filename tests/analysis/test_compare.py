@@ -210,8 +210,9 @@ def test_report_files_and_the_plot_in_chromium(l0_perturbed, tmp_path):
     assert dom.count('class="trace scatter') >= 2  # a line per pair, drawn
 
 
-def test_tensor_parallel_shards_are_not_comparable(l0, tmp_path):
-    """An inference rank holding half of a column-parallel output (TP 2 against unsharded training)."""
+def test_a_lone_tensor_parallel_shard_is_not_comparable_and_says_what_to_dump(l0, tmp_path):
+    """An inference rank holding half of a column-parallel output (TP 2 against unsharded training), the pair
+    naming no other rank's dump (tests/analysis/test_shards.py: with every rank, made whole)."""
     (pair, *_) = raw_pairs(l0[0])
     generate = json.loads(Path(pair["generate"]["dump"]).read_text())
     qkv = generate["data"]["Module.model.layers.0.self_attn.qkv_proj.QKVParallelLinear.forward.0"]
@@ -221,7 +222,7 @@ def test_tensor_parallel_shards_are_not_comparable(l0, tmp_path):
     (tmp_path / "gen.json").write_text(json.dumps(generate))
     write_raw([{**pair, "generate": {**pair["generate"], "dump": "gen.json"}}], str(tmp_path / "pairs.jsonl"))
     _, results, rows = run_compare(tmp_path / "pairs.jsonl", tmp_path / "report")
-    sharded = rows[rows["reason"].fillna("").str.startswith("shapes differ")]
+    sharded = rows[rows["reason"].fillna("").str.startswith("a tensor-parallel shard")]
     assert sorted(zip(sharded["module"], sharded["io"], strict=True)) == [
         ("layers.0.self_attn.o_proj", "input"),
         ("layers.0.self_attn.qkv_proj", "output"),
@@ -263,6 +264,10 @@ def _scale(entry: dict, where: str, factor: float) -> None:
         tensor[stat] *= factor
 
 
+def factor_of(changed: list[tuple[str, str, float]]) -> float:
+    return max(factor for _, _, factor in changed)
+
+
 @pytest.mark.parametrize(
     ("changed", "expected"),
     [
@@ -282,10 +287,6 @@ def _scale(entry: dict, where: str, factor: float) -> None:
         ([("model.layers.1.mlp.down_proj.RowParallelLinear", "output.0", 1.01)], "layers.1.mlp.down_proj output"),
     ],
 )  # fmt: skip
-def factor_of(changed: list[tuple[str, str, float]]) -> float:
-    return max(factor for _, _, factor in changed)
-
-
 def test_the_first_divergence_in_model_order(l0, tmp_path, changed, expected):
     (pair, *_) = raw_pairs(l0[0])
     generate = json.loads(Path(pair["generate"]["dump"]).read_text())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,10 +24,10 @@ import pytest
 from support import golden
 
 from msprobe_hooks.analysis import pairs
-from msprobe_hooks.analysis.align import Aligner
+from msprobe_hooks.analysis.align import Aligner, Result
 from msprobe_hooks.analysis.compare import compare_pair
 from msprobe_hooks.analysis.logs import find_logs
-from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, Unpaired, Verdict
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, PairResult, Unpaired, Verdict
 from msprobe_hooks.analysis.symptom import CausePath
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
@@ -87,7 +88,7 @@ def warnings(caplog) -> Iterator[Callable[[], list[str]]]:
     log.handlers, log.propagate = saved
 
 
-def aligned(train: Path, generate: Path, out: Path):
+def aligned(train: Path, generate: Path, out: Path) -> tuple[Result, list[pairs.Pair]]:
     """``align``'s result on two trees, and its pairs as ``compare`` reads them (dump paths resolved)."""
     aligner = Aligner(str(out))
     aligner.read(find_logs(str(train), TRAINING_LOG), find_logs(str(generate), DISPATCH_LOG))
@@ -101,8 +102,18 @@ def decode_pairs(found: list[pairs.Pair]) -> dict[tuple[str, int], pairs.Pair]:
     return {(p.key, p.position): p for p in found if p.kind == pairs.PairKind.DECODE}
 
 
-def table(counter) -> dict[str, int]:
+def table(counter: Counter) -> dict[str, int]:
     return {str(reason): n for reason, n in counter.items()}
+
+
+def printed_table(stdout: str) -> dict[str, tuple[int, int]]:
+    """align's printed unpaired table: reason -> (training dumps, generate dumps)."""
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.rsplit(None, 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            rows[parts[0].strip()] = (int(parts[1]), int(parts[2]))
+    return rows
 
 
 def log_lines(root: Path, name: str) -> list[dict]:
@@ -115,7 +126,7 @@ def embedding_ids(dump: str) -> numpy.ndarray:
     return numpy.load(golden.tensor_file(Path(dump), "embed_tokens", io="input")).reshape(-1)
 
 
-def verdicts(found: list[pairs.Pair]) -> dict[tuple[str, int | None], object]:
+def verdicts(found: list[pairs.Pair]) -> dict[tuple[str, int | None], PairResult]:
     """(request, position) -> compare's result for that pair (prefill pairs: position None)."""
     results = {}
     for index, pair in enumerate(found):
@@ -339,6 +350,25 @@ def test_a_missing_decode_step_dump_is_named_and_its_tokens_left_out(tmp_path, w
     assert len(err) == 1 and str(missing) in err[0]
     assert set(decode_pairs(found)) == {key for key, (step, _) in SGLANG_DECODE.items() if step != 3}
     assert table(result.generate_unpaired) == {Unpaired.DUMP_UNREADABLE.value: 1, Unpaired.PAST_RESPONSE.value: 1}
+
+
+def test_a_request_on_one_side_only_is_counted_there_and_the_others_pair(tmp_path, capsys):
+    # The generate side only: actor_micro_batch dumped req-0 and req-1; vLLM's preemption steps hold pre-*.
+    found = tmp_path / "pairs.jsonl"
+    assert main(["align", str(DECODE / "actor_micro_batch"), str(DECODE / "vllm"), "-o", str(found)]) == 0
+    printed = capsys.readouterr().out
+    kept = {(p.key, p.position) for p in pairs.read(str(found))}
+    assert kept == {k for k in VLLM_DECODE if k[0] in MICRO_BATCH} | {(k, None) for k in MICRO_BATCH}
+    # Steps 6 and 9 run only requests no training dump knows; step 8, the recompute, is a prefill step
+    # nothing paired, and so, as any, says why no prompt could pair with it.
+    assert printed_table(printed) == {
+        Unpaired.NOT_FULL_PREFILL.value: (0, 1),
+        Unpaired.NO_COUNTERPART.value: (0, 2),
+    }
+    # The training side only: SGLang never ran pre-c, whose prompt and sequence were dumped.
+    result, found_sglang = aligned(DECODE / "actor", DECODE / "sglang", tmp_path / "sglang")
+    assert table(result.train_unpaired)[Unpaired.NO_COUNTERPART.value] == 2
+    assert {p.key for p in found_sglang} == {"req-0", "req-1", "req-2"}
 
 
 def test_statistics_dumps_as_msprobe_writes_them_are_the_tensor_dumps_without_their_files(tmp_path):

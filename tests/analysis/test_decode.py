@@ -22,6 +22,7 @@ import numpy
 import pandas
 import pytest
 from support import golden
+from support.compare_runs import unpaired_table
 
 from msprobe_hooks.analysis import pairs
 from msprobe_hooks.analysis.align import Aligner, Result
@@ -104,16 +105,6 @@ def decode_pairs(found: list[pairs.Pair]) -> dict[tuple[str, int], pairs.Pair]:
 
 def table(counter: Counter) -> dict[str, int]:
     return {str(reason): n for reason, n in counter.items()}
-
-
-def printed_table(stdout: str) -> dict[str, tuple[int, int]]:
-    """align's printed unpaired table: reason -> (training dumps, generate dumps)."""
-    rows = {}
-    for line in stdout.splitlines():
-        parts = line.rsplit(None, 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            rows[parts[0].strip()] = (int(parts[1]), int(parts[2]))
-    return rows
 
 
 def log_lines(root: Path, name: str) -> list[dict]:
@@ -361,7 +352,7 @@ def test_a_request_on_one_side_only_is_counted_there_and_the_others_pair(tmp_pat
     assert kept == {k for k in VLLM_DECODE if k[0] in MICRO_BATCH} | {(k, None) for k in MICRO_BATCH}
     # Steps 6 and 9 run only requests no training dump knows; step 8, the recompute, is a prefill step
     # nothing paired, and so, as any, says why no prompt could pair with it.
-    assert printed_table(printed) == {
+    assert unpaired_table(printed) == {
         Unpaired.NOT_FULL_PREFILL.value: (0, 1),
         Unpaired.NO_COUNTERPART.value: (0, 2),
     }

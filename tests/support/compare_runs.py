@@ -147,6 +147,16 @@ def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def unpaired_table(stdout: str) -> dict[str, tuple[int, int]]:
+    """The unpaired table ``align`` prints: reason -> (training dumps, generate dumps)."""
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.rsplit(None, 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            rows[parts[0].strip()] = (int(parts[1]), int(parts[2]))
+    return rows
+
+
 def run_compare(
     pairs_file: Path, out: Path, *extra: str, status: int = 0
 ) -> tuple[subprocess.CompletedProcess, pandas.DataFrame, pandas.DataFrame]:

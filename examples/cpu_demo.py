@@ -13,7 +13,10 @@ at prefill); DUMP_PHASE=all also dumps the update, backward included.
 runs the same engine on a given model folder and on the prompts of ``PROMPTS_FILE`` (one JSON
 object a line, ``{"request_id": "...", "prompt_token_ids": [...]}``, the file
 ``examples/vllm_generate.py`` reads), so a training dump and an inference dump see the same
-weights and the same prompts under the same request ids.
+weights and the same prompts under the same request ids. A line may also carry what the rollout
+made of its prompt, as RL hands it to training: ``response_token_ids`` (the generated tokens: the
+training side then recomputes prompt + that response) and ``rollout_log_probs`` (their log-probs:
+verl's engine then logs the gap to them, ``logprob_gap.jsonl``).
 
     torchrun --nproc_per_node=2 examples/cpu_demo.py --model DIR --prompts PROMPTS_FILE
 
@@ -45,15 +48,16 @@ ENGINES = ("fsdp", "megatron")
 
 
 def prompt_samples(path: str) -> list[verl_cpu.Sample]:
-    """The prompts of ``path``, each with a short response (the log-prob pass needs one)."""
+    """The prompts of ``path``, each with its rollout's response, else a short one (the log-prob pass needs one)."""
     prompts = read_prompts(path)
     # Unequal response lengths: verl stacks equal-length fields into dense tensors (see random_samples).
     return [
         verl_cpu.Sample(
             prompt=tuple(p["prompt_token_ids"]),
-            response=(3, 4, 5)[: 2 + i % 2],
+            response=tuple(p.get("response_token_ids") or (3, 4, 5)[: 2 + i % 2]),
             uid=f"uid{i}",
             request_id=p["request_id"],
+            rollout_log_probs=tuple(p["rollout_log_probs"]) if p.get("rollout_log_probs") else None,
         )
         for i, p in enumerate(prompts)
     ]

@@ -18,6 +18,23 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``verdict/``: fp32 training (``actor/``) against vLLM in fp32 and bf16 on the demo's 4-layer model
   (hidden 128, 4 prompts), clean and with one weight scaled (``VERDICT_CASES``): the proof of the verdict
   rules on real pairs.
+* ``decode/``: decode pairs (docs/analysis.md, "Decode pairs"), all in tensor mode at L0 on the namings'
+  model, in RL's order: the rollout first, then training on each prompt and the response it generated
+  (``rollout.jsonl``, with the rollout's log-probs: the training side logs the gap too).
+  ``vllm/``: vLLM's CPU engine, its engine core in-process so that the waves fix the packing
+  (``DECODE_PACKED``): a prefill alone, then a decode row beside two prefills, decode rows beside each
+  other, moving when one finishes; then, on the same engine, ``support.real_vllm.PREEMPTION_REQUESTS`` in
+  a KV cache of three 32-token blocks: pre-c is preempted and recomputed (one prefill row of its prompt
+  and the 3 tokens it had generated, beside pre-b's decode row at offset 8); msprobe's step filter leaves
+  out the steps the set does not need. ``sglang/``: SGLang's CPU engine on the packed prompts in one
+  wave, prefills chunked by 8 tokens and mixed with decode rows (``DECODE_SGLANG``), the same tokens as
+  vLLM; it decodes once past each request's last token. ``actor/``: verl's FSDP2 engine with
+  ``PROMPTS_ONLY=1 DUMP_SEQUENCES=1``, a prompt dump and a whole-sequence dump per sample but pre-a and
+  pre-b (``DUMP_REQUEST_IDS``, ``DECODE_UNDUMPED``), and its ``logprob_gap.jsonl``;
+  ``actor_micro_batch/``: the same run with ``PROMPTS_ONLY=0``, its first micro-batch alone (req-0 and
+  req-1 packed back to back, ``offset`` 0 and 10). Tensor files are written as ``.npy`` (the same values;
+  a ``.pt`` zip's ~2.4 KB container is most of such a file): 3.7 MB instead of 9.4.
+
 * ``megatron/``: verl's real Megatron engine (bf16, the local layer spec; ``make install-megatron``) at
   TP 1 (``tp1/``) and TP 2 (``tp2/``, a rank folder each) on the demo's model and prompts, against vLLM
   in fp32 (``vllm/``), in bf16 (``vllm_bf16/``), on the demo's perturbed copy (``vllm_perturbed/``) and at
@@ -45,11 +62,12 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
-``--only SET`` re-cuts one set (``namings``, ``verdict``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``, ``moe``,
-``shared``, ``moe_sglang``) and leaves the others.
+``--only SET`` re-cuts one set (``namings``, ``verdict``, ``decode``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``,
+``moe``, ``shared``, ``moe_sglang``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
-none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged.
+none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged (but for the tensor files'
+names, ``decode/``).
 """
 
 from __future__ import annotations
@@ -64,7 +82,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [os.fspath(REPO / "tests"), os.fspath(REPO)]
 
-from support.compare_runs import msprobe_config, run_sglang, run_training, run_vllm  # noqa: E402
+from support.compare_runs import (  # noqa: E402
+    msprobe_config,
+    run_sglang,
+    run_sglang_waves,
+    run_training,
+    run_vllm,
+    run_vllm_scenario,
+)
+from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
 
 from cpu_kit import verl_cpu  # noqa: E402
 
@@ -76,11 +102,16 @@ PERTURBED = ("model.layers.1.mlp.down_proj.weight", 1.05)
 README = "README.md"
 
 
-def _copy_tree(source: Path, target: Path, rename=None) -> None:
+def _copy_tree(source: Path, target: Path, rename=None, npy: bool = False) -> None:
     """``source`` to ``target``: logs, dump.json files (compact JSON, content unchanged) and activation tensors.
 
-    ``rename`` rewrites module names. Parameter tensors are left out (compare never reads them).
+    ``rename`` rewrites module names. Parameter tensors are left out (compare never reads them). ``npy``
+    writes each tensor file as ``.npy`` (numpy's format, which compare reads too; the names in dump.json
+    follow): the same values, in a ~128-byte header instead of the ~2.4 KB of a ``.pt`` zip, the most of a
+    tiny activation's file.
     """
+    if npy:
+        rename = _npy_name if rename is None else (lambda name: _npy_name(rename(name)))
     for path in sorted(source.rglob("*")):
         if path.is_dir() or path.name in ("stack.json", "construct.json") or ".parameters." in path.name:
             continue
@@ -93,8 +124,24 @@ def _copy_tree(source: Path, target: Path, rename=None) -> None:
             if rename is not None:
                 data["data"] = {rename(name): _renamed_files(entry, rename) for name, entry in data["data"].items()}
             out.write_text(json.dumps(data, separators=(",", ":")))
+        elif npy and path.suffix == ".pt":
+            _save_npy(path, out)
         else:
             shutil.copyfile(path, out)
+
+
+def _npy_name(name: str) -> str:
+    return f"{name[:-3]}.npy" if name.endswith(".pt") else name
+
+
+def _save_npy(source: Path, out: Path) -> None:
+    """A dumped ``.pt`` tensor as ``.npy``, its values exactly (numpy has no bfloat16: refused)."""
+    import numpy
+    import torch
+
+    tensor = torch.load(source, map_location="cpu", weights_only=True)
+    assert tensor.dtype != torch.bfloat16, f"{source}: bfloat16 has no .npy form"
+    numpy.save(out, tensor.numpy(), allow_pickle=False)
 
 
 def _renamed_files(entry: object, rename) -> object:
@@ -185,6 +232,88 @@ def _verdict(work: Path, out: Path) -> None:
     for name, dtype, weight, factor in VERDICT_CASES:
         weights = _perturb(model, work / name, weight, factor) if weight else model
         _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
+
+
+# The decode set: (request id, prompt, tokens to generate). The packed requests: one alone for a step, then
+# two more while it decodes (a decode row beside two prefills; then decode rows beside each other, the rows
+# moving when one finishes). Then the preemption (support.real_vllm.PREEMPTION_REQUESTS in its small KV cache,
+# PREEMPTION_ENGINE), on the same engine. Lengths unequal (verl stacks equal ones).
+DECODE_PACKED = (
+    ("req-0", [5, 17, 42, 9, 77, 23], 4),
+    ("req-1", [64, 3, 31, 90], 2),
+    ("req-2", [11, 58, 100, 7, 36], 3),
+)
+# Left out of the training dumps (DUMP_REQUEST_IDS), to keep the set small: pre-a (its sequence is 34 tokens)
+# and pre-b; their samples are still in the batch (and the gap log), their rows in vLLM's steps.
+DECODE_UNDUMPED = ("pre-a", "pre-b")
+# SGLang packs the same requests into one EXTEND, chunked (8 tokens) and mixed with decode rows after it.
+DECODE_SGLANG = {"enable_mixed_chunk": True, "chunked_prefill_size": 8}
+
+
+def _requests(table: tuple[tuple[str, list[int], int], ...], length: str) -> list[dict]:
+    return [{"id": rid, "prompt": prompt, length: tokens} for rid, prompt, tokens in table]
+
+
+def _decode(work: Path, out: Path) -> None:
+    model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
+    waves = [_requests(DECODE_PACKED[:1], "max_tokens"), _requests(DECODE_PACKED[1:], "max_tokens")]
+    waves.append(_requests(PREEMPTION_REQUESTS, "max_tokens"))
+    scenario = {"model": os.fspath(model), "engine": PREEMPTION_ENGINE, "waves": waves, "wave_steps": [1, None, None]}
+    scenario["logprobs"] = True
+    # Which steps hold what is fixed by the waves (the engine core runs in the child's process): the packed
+    # waves take steps 0-3; the preemption's wave starts at 4 (every prefill, pre-a's 30 tokens: left out),
+    # pre-c's last decode before its preemption (6), its recompute (8, the step after pre-a finished at 7), the
+    # decode after it (9).
+    steps = [0, 1, 2, 3, 6, 8, 9]
+    vllm_root, report = run_vllm_scenario(
+        work / "vllm", scenario, msprobe_config(work / "vllm.json", task="tensor", step=steps)
+    )
+    (log,) = vllm_root.glob("*/dispatch_log.jsonl")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    resumed = [
+        (line["step"], row) for line in lines for row in line["requests"] if row["prefill"] and row["type"] == "cached"
+    ]
+    assert [(step, row["request_id_base"], row["computed_tokens"]) for step, row in resumed] == [(8, "pre-c", 0)], (
+        resumed
+    )
+    sglang_root, sglang_outputs = run_sglang_waves(
+        work / "sglang",
+        model,
+        [_requests(DECODE_PACKED, "max_new_tokens")],
+        msprobe_config(work / "sglang.json", task="tensor"),
+        DECODE_SGLANG,
+    )
+    packed = {rid for rid, _, _ in DECODE_PACKED}
+    assert sglang_outputs == {rid: ids for rid, ids in report["outputs"].items() if rid in packed}, sglang_outputs
+    prompts = work / "rollout.jsonl"  # what the rollout made of each prompt, as RL hands it to training
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "request_id": rid,
+                    "prompt_token_ids": prompt,
+                    "response_token_ids": report["outputs"][rid],
+                    "rollout_log_probs": report["logprobs"][rid],
+                }
+            )
+            + "\n"
+            for rid, prompt, _ in DECODE_PACKED + PREEMPTION_REQUESTS
+        )
+    )
+    tensor = msprobe_config(work / "tensor.json", task="tensor")
+    chosen = ",".join(rid for rid, _, _ in DECODE_PACKED + PREEMPTION_REQUESTS if rid not in DECODE_UNDUMPED)
+    trees = {
+        "actor": run_training(work / "train", model, prompts, tensor, DUMP_SEQUENCES="1", DUMP_REQUEST_IDS=chosen),
+        # PROMPTS_ONLY=0: the real micro-batches; the first (req-0 and req-1, packed back to back) alone
+        "actor_micro_batch": run_training(
+            work / "train-micro-batch", model, prompts, tensor, PROMPTS_ONLY="0", DUMP_REQUEST_IDS="req-0"
+        ),
+        "vllm": vllm_root,
+        "sglang": sglang_root,
+    }
+    for name, tree in trees.items():
+        _copy_tree(tree, out / "decode" / name, npy=True)
+    shutil.copyfile(prompts, out / "decode" / prompts.name)
 
 
 def _megatron(work: Path, out: Path) -> None:
@@ -362,6 +491,7 @@ def slim_to_prefill_routing(root: Path) -> None:
 SETS = {
     "namings": _namings,
     "verdict": _verdict,
+    "decode": _decode,
     "megatron": _megatron,
     "tp2": _tp2,
     "replicas": _replicas,

@@ -12,6 +12,11 @@ Pairs each training prompt-only dump with the inference dump of that prompt's fu
   TP/PP/EP being equal); with FSDP, whose training ranks hold whole activations, the lowest rank
   that dumped the prefill when no equal rank did (generate TP smaller than the number of cards).
 
+A training dump of whole sequences (``DUMP_SEQUENCES=1``, or a micro-batch with its samples' offsets)
+gives decode pairs too: each response token after the first against the inference row it was sampled
+from (a decode row, or the last row of a recompute after a preemption), wherever a packed step put that
+row; and its prompt's rows against a packed full prefill.
+
 What is not paired is counted by reason, per side.
 """
 
@@ -62,6 +67,16 @@ class _Candidate:
     def key(self) -> tuple[str, int]:
         return (self.step.log, self.step.line)
 
+    @property
+    def position(self) -> int | None:
+        """The place in its sequence of the row's last token, whose output the engine samples from; None unknown.
+
+        A decode row's one token; a prefill row's last (a recompute after a preemption: prompt and the
+        tokens generated before it, the next token sampled from its last row).
+        """
+        row = self.row
+        return None if row.computed is None else row.computed + (row.tokens or 1) - 1
+
 
 @dataclass
 class Result:
@@ -105,6 +120,9 @@ class Aligner:
         # Why a generate dump did not pair with the training dump that wanted it.
         self._refused: dict[tuple[str, int], Unpaired] = {}
         self._paired_requests: set[str] = set()
+        self._past: set[tuple[str, int]] = set()  # dumped steps with a row past a sequence's last response token
+        # Every request id the training logs name (None: a recipe line of several samples names them not per sample).
+        self._train_bases: set[str] | None = set()
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -116,6 +134,7 @@ class Aligner:
         for path in train_logs:
             for dump in read_training(path, self.warn):
                 self._trains.append(dump)
+                self._note_bases(dump)
                 if dump.prompt_hash is not None:
                     self._train_identities.setdefault((dump.prompt_hash, dump.global_step), set()).add(dump.identity)
                 if dump.time is not None and dump.global_step is not None:
@@ -125,17 +144,26 @@ class Aligner:
             for step in read_dispatch(path, self.warn):
                 self._index(step)
 
+    def _note_bases(self, dump: TrainDump) -> None:
+        if dump.recipe and dump.samples > 1:
+            self._train_bases = None
+        if self._train_bases is not None:
+            self._train_bases.update(b for b in (dump.request_base, *(m.request_base for m in dump.members)) if b)
+
     def _index(self, step: GenStep | DecodeStep) -> None:
         if isinstance(step, DecodeStep):
             self._seen_bases.update(step.bases)
             self._seen_hashes.update(step.hashes)
             return
-        if not any(row.prefill for row in step.rows):  # a dumped decode step: its rows may pair with a sequence
-            self._decode_steps.append(step)
+        if step.dumped is not False:  # its rows that sample a response token may pair with a training sequence
             for row in step.rows:
-                if row.base is not None:
-                    self._seen_bases.add(row.base)
-                    self._decode_by_base.setdefault(row.base, []).append(_Candidate(step, row))
+                candidate = _Candidate(step, row)
+                after_prompt = row.prompt_len is not None and (candidate.position or 0) >= row.prompt_len
+                if row.base is not None and (not row.prefill or after_prompt):
+                    self._decode_by_base.setdefault(row.base, []).append(candidate)
+        if not any(row.prefill for row in step.rows):  # a dumped decode step
+            self._decode_steps.append(step)
+            self._seen_bases.update(row.base for row in step.rows if row.base is not None)
             return
         self._prefill_steps.append(step)
         for row in step.rows:
@@ -417,18 +445,24 @@ class Aligner:
     def match_sequence(self, dump: TrainDump) -> list[Pair] | Unpaired | None:
         """Decode pairs of a training dump holding whole sequences (prompt and response tokens).
 
-        Response position ``p`` of a sample (its row ``offset + p`` in the dumped forward) meets the
-        decode step whose row for that request has ``computed_tokens == p``: that row's input token is
-        the sequence's token ``p``, its output the log-prob of response token ``p - prompt_len + 1``.
-        Joined by request id only (the same prompt recurs under other ids). Statistics dumps pair too:
-        compare says they cannot be cut per token. None when the dump holds no response tokens.
+        Response token ``t`` (``1 <= t < R``; token 0 is the prefill's) was sampled from the output of the
+        inference row at position ``p = prompt_len - 1 + t``: a decode row with ``computed_tokens == p``
+        (its input is the sequence's token ``p``), or the last row of a prefill that ends there (a request
+        recomputed after a preemption: prompt and the tokens before ``t`` in one step). It meets row
+        ``offset + p`` of the dumped forward. A row at the sequence's last position feeds no response
+        token (SGLang runs one decode step past the last one): not paired. Joined by request id only
+        (the same prompt recurs under other ids). Statistics dumps pair too: compare says they cannot
+        be cut per token. None when the dump holds no response tokens.
         """
         # A prompt window lists its sample whole (seq_len counts the response), but holds its prompt only.
         members = [m for m in dump.members if m.has_response] if dump.kind != PROMPT_WINDOW else []
         if not members:
             return None
         train_path = self._train_dump(dump)
-        if not self._is_readable(train_path):
+        if not self._is_readable(train_path):  # the steps only it wanted stay unpaired for that reason
+            for member in members:
+                for candidate in self._decode_by_base.get(member.request_base, []):  # type: ignore[arg-type]
+                    self._refused[candidate.key] = Unpaired.DUMP_UNREADABLE  # nearest to a pair: over any other
             return Unpaired.DUMP_UNREADABLE
         found: list[Pair] = []
         reasons: Counter = Counter()
@@ -442,22 +476,21 @@ class Aligner:
             if member.offset is None or not candidates:
                 reasons[Unpaired.NO_JOIN_KEY if member.offset is None else Unpaired.NO_COUNTERPART] += 1
                 continue
-            inside = [
-                c
-                for c in candidates
-                if c.row.computed is not None and member.prompt_len <= c.row.computed < member.seq_len  # type: ignore[operator]
-            ]
+            last = member.seq_len - 1  # type: ignore[operator]
+            placed = [c for c in candidates if c.position is not None]
+            inside = [c for c in placed if member.prompt_len <= c.position < last]  # type: ignore[operator]
+            self._past.update(c.key for c in placed if c.position >= last)  # type: ignore[operator]
             ranked = self._rank(inside, dump.rank) if inside else Unpaired.NO_COUNTERPART
             if isinstance(ranked, Unpaired):
                 reasons[ranked] += 1
                 continue
             pool, rank_rule = ranked
-            chosen: dict[int, _Candidate] = {}  # one decode row per position: the first process's, step
+            chosen: dict[int, _Candidate] = {}  # one row per position: the first process's, step
             for candidate in sorted(pool, key=lambda c: (c.step.pid or 0, c.step.step)):
                 if not self._is_readable(self._generate_dump(candidate.step)):
                     reasons[Unpaired.DUMP_UNREADABLE] += 1
                     continue
-                chosen.setdefault(candidate.row.computed, candidate)  # type: ignore[arg-type]
+                chosen.setdefault(candidate.position, candidate)  # type: ignore[arg-type]
             for position, candidate in sorted(chosen.items()):
                 rows = self._decode_rows(candidate.step, candidate.row)
                 if rows is None:
@@ -468,7 +501,7 @@ class Aligner:
                 pair = self._pair(dump, train_path, candidate, JoinRule.REQUEST_ID, base, rank_rule, member.prompt_len)
                 pair.kind, pair.position, pair.token_index = PairKind.DECODE, position, position - member.prompt_len + 1
                 pair.train.sample, pair.train.request_id = member.index, member.request_id
-                pair.train.rows, pair.generate.rows = [start, start + 1], list(rows)
+                pair.train.rows, pair.generate.rows = [start, start + 1], [rows[1] - 1, rows[1]]  # the row's last token
                 found.append(pair)
         return found or next(iter(reasons.most_common(1)))[0]
 
@@ -520,6 +553,20 @@ class Aligner:
             ),
         )
 
+    def _decode_reason(self, step: GenStep) -> Unpaired:
+        """Why a dumped decode step is in no pair."""
+        refused = self._refused.get((step.log, step.line))
+        if refused is not None:
+            return refused
+        if self._generate_dump(step) in self._unreadable:
+            return Unpaired.DUMP_UNREADABLE
+        if (step.log, step.line) in self._past:
+            return Unpaired.PAST_RESPONSE
+        bases = {row.base for row in step.rows if row.base is not None}
+        if bases and self._train_bases is not None and not bases & self._train_bases:
+            return Unpaired.NO_COUNTERPART
+        return Unpaired.DECODE_ONLY
+
     def _generate_reason(self, step: GenStep) -> str:
         refused = self._refused.get((step.log, step.line))
         if refused is not None:
@@ -551,7 +598,7 @@ class Aligner:
         for step in self._decode_steps:
             result.generate_total += 1
             if (step.log, step.line) not in self._used:
-                result.generate_unpaired[Unpaired.DECODE_ONLY] += 1
+                result.generate_unpaired[self._decode_reason(step)] += 1
         for step in self._prefill_steps:
             if step.dumped is False:
                 continue

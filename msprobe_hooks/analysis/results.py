@@ -54,6 +54,7 @@ class Unpaired(_Text):
     """Why ``align`` left a dump unpaired, in the order its table lists them."""
 
     DECODE_ONLY = "decode only"  # the request (or the step) has no prefill rows
+    PAST_RESPONSE = "past the response"  # decode rows after a sequence's last token (SGLang's one extra step)
     NOT_FULL_PREFILL = "not a full prefill"  # chunked, prefix-cached, or not shown to hold the whole prompt
     MULTI_REQUEST = "multi-request step"  # several requests in one dump, not cut to one
     NOT_DUMPED = "not dumped"  # its prefill step was not dumped (msprobe's step filter, GENERATE_FORWARDS)

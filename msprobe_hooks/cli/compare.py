@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, pair_list: list[Pair], mapping: str | None, painter: Painter) -> int:
-    from msprobe_hooks.analysis import pool, report, run_view, symptom
+    from msprobe_hooks.analysis import pairs, pool, report, run_view, symptom
     from msprobe_hooks.analysis.results import Verdict
 
     results, rows = [], []
@@ -112,7 +112,8 @@ def _compare(args: argparse.Namespace, pair_list: list[Pair], mapping: str | Non
         if not args.ray:
             raise
         return _fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
-    gaps = symptom.read_gaps(symptom.gap_logs(p.train.log for p in pair_list))
+    # The logs' paths, like the dumps', may be relative to the pairs file's folder (it moves with the trees).
+    gaps = symptom.read_gaps(symptom.gap_logs(pairs.resolve(p.train.log, args.pairs) for p in pair_list if p.train.log))
     found = report.answer(results, rows, gaps)
     written = report.write(args.output, found, args.threshold, painter)
     for line in report.summary_lines(found, args.threshold):

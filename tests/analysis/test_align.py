@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 from support.compare_runs import raw_pairs
+from support.compare_runs import unpaired_table as table
 from support.dispatch_lines import step_record
 from support.interpreter import clean_env
 
@@ -178,16 +179,6 @@ def align(train: Path, generate: Path, out: Path, *options: str) -> tuple[int, s
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=120)
     found = raw_pairs(out) if out.is_file() else []
     return done.returncode, done.stdout, done.stderr, found
-
-
-def table(stdout: str) -> dict[str, tuple[int, int]]:
-    """The unpaired table: reason -> (training dumps, generate dumps)."""
-    rows = {}
-    for line in stdout.splitlines():
-        parts = line.rsplit(None, 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            rows[parts[0].strip()] = (int(parts[1]), int(parts[2]))
-    return rows
 
 
 def keys(found: list[dict]) -> list[tuple]:

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 from support.doctor_output import SPAWN_CHECKS_WITHOUT_RAY, doctor_patches, spawn_checks
-from support.real_vllm import VLLM_VENV, EngineRun, embedding_input, engine_env, msprobe_config, run_engine
+from support.real_vllm import (
+    PREEMPTED,
+    PREEMPTION_ENGINE,
+    PREEMPTION_REQUESTS,
+    VLLM_VENV,
+    EngineRun,
+    embedding_input,
+    engine_env,
+    msprobe_config,
+    run_engine,
+)
 from support.vllm_standin import dispatch_log, dumped_steps
 
 from cpu_kit import verl_cpu
@@ -196,6 +206,46 @@ def test_the_opt_out_keeps_ids_as_sent_and_the_request_id_filter_dumps_that_requ
         assert embedding_input(root, pid, line["step"]) == sequence(run, FILTERED)[start : start + row["tokens"]]
         dumped_rows += row["tokens"]
     assert dumped_rows == len(sequence(run, FILTERED)) - 1
+
+
+def test_a_preempted_request_comes_back_as_one_prefill_row_of_its_prompt_and_generated_tokens(tmp_path, model_dir):
+    """vLLM V1 preempts by recompute: the KV cache of the request is freed, and when it is scheduled again all its
+    tokens are fed anew in one step. What the dispatch log must say then, checked against the dumped tokens."""
+    config = msprobe_config(tmp_path / "generate.json", tmp_path / "gen", task="tensor")
+    wave = [{"id": rid, "prompt": prompt, "max_tokens": n} for rid, prompt, n in PREEMPTION_REQUESTS]
+    scenario = {"model": model_dir, "engine": PREEMPTION_ENGINE, "waves": [wave]}
+    env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run = run_engine(tmp_path, scenario, **env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (folder,) = (tmp_path / "gen").iterdir()
+    pid, lines = int(folder.name), dispatch_log(tmp_path / "gen", int(folder.name))
+    prompts = {rid: prompt for rid, prompt, _ in PREEMPTION_REQUESTS}
+    fed = dict.fromkeys(prompts, 0)
+    resumed = []
+    for line in lines:
+        tokens = embedding_input(tmp_path / "gen", pid, line["step"])
+        for row in line["requests"]:
+            rid = row["request_id_base"]
+            sequence = prompts[rid] + run.outputs[rid]
+            if row["computed_tokens"] != fed[rid]:  # computed before this step: all its tokens again, from 0
+                assert (row["computed_tokens"], row["type"], row["prefill"], row["full_prefill"]) == (
+                    0,
+                    "cached",
+                    True,
+                    False,
+                )
+                assert row["tokens"] == fed[rid] + 1  # everything fed before, and the token sampled last
+                resumed.append((line["step"], rid, row["tokens"] - row["prompt_len"]))
+                fed[rid] = 0
+            start = row["computed_tokens"]
+            assert tokens[row["offset"] : row["offset"] + row["tokens"]] == sequence[start : start + row["tokens"]]
+            fed[rid] += row["tokens"]
+    # pre-c had generated 3 tokens; it was missing from the step before its recompute (preempted there).
+    ((step, rid, generated),) = resumed
+    assert (rid, generated) == (PREEMPTED, 3)
+    assert PREEMPTED not in {row["request_id_base"] for row in lines[step - 1]["requests"]}
+    assert fed == {rid: len(prompts[rid]) + len(run.outputs[rid]) - 1 for rid in prompts}
+    assert {rid: len(ids) for rid, ids in run.outputs.items()} == {rid: n for rid, _, n in PREEMPTION_REQUESTS}
 
 
 def test_an_engine_that_is_not_eager_is_refused_with_one_line(tmp_path, model_dir):

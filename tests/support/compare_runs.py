@@ -27,6 +27,7 @@ from support import REPO
 from support.interpreter import shim_env
 from support.real_sglang import run_engine, tokenizer_dir
 from support.real_vllm import VLLM_PYTHON, engine_env
+from support.real_vllm import run_engine as run_vllm_engine
 from support.verl_runs import HANG_LIMIT_S
 
 EXAMPLES = REPO / "examples"
@@ -40,12 +41,12 @@ def cores(ranks: int) -> str:
     return "|".join(str(rank % (os.cpu_count() or 1)) for rank in range(ranks))
 
 
-def msprobe_config(path: Path, task: str = "statistics", level: str = "L0") -> str:
-    """An msprobe config.json for both sides (no step filter: the hooks choose what is dumped)."""
+def msprobe_config(path: Path, task: str = "statistics", level: str = "L0", step: list[int] | None = None) -> str:
+    """An msprobe config.json for both sides (no step filter unless ``step``: the hooks choose what is dumped)."""
     config = {
         "task": task,
         "rank": [],
-        "step": [],
+        "step": step or [],
         "level": level,
         "async_dump": False,
         "extra_info": True,
@@ -75,20 +76,23 @@ def run_training(
     extra: Sequence[str] = (),
     engine: str = "fsdp",
     tensor_parallel: int = 1,
+    **hooks: str,
 ) -> Path:
     """verl's FSDP2 (or Megatron) engine, one prompt-only dump per prompt; returns the training dump root.
 
     ``world_size`` 2 runs it under torchrun (gloo): each data-parallel rank dumps its contiguous share of the
     prompts. ``extra``: more arguments of ``examples/cpu_demo.py`` (``--log-prob-only``). ``engine``
-    ``megatron`` at ``tensor_parallel`` k runs k ranks (at least) sharing the prompts.
+    ``megatron`` at ``tensor_parallel`` k runs k ranks (at least) sharing the prompts. ``hooks`` are more of the
+    hooks' variables, over ``PROMPTS_ONLY=1`` (``DUMP_SEQUENCES``, ``DUMP_REQUEST_IDS``, ...). The prompts file may
+    carry the rollout's responses (``examples/cpu_demo.py``).
     """
     env = shim_env(
         DUMP_ON="1",
-        PROMPTS_ONLY="1",
         MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(tmp),
         MSPROBE_ACTOR_CONFIG=config,
         TORCHDYNAMO_DISABLE="1",
         OMP_NUM_THREADS="1",
+        **{"PROMPTS_ONLY": "1", **hooks},
     )
     command = [sys.executable, os.fspath(EXAMPLES / "cpu_demo.py"), "--model", os.fspath(model), "--prompts"]
     if engine != "fsdp":
@@ -105,31 +109,46 @@ def run_training(
 
 
 def run_sglang(tmp: Path, model: Path, prompts: Path, config: str, tp: int = 1) -> Path:
-    """SGLang's CPU engine (``tp`` ranks), one prompt per ``generate`` call; returns the inference dump root.
+    """SGLang's CPU engine (``tp`` ranks), one prompt per ``generate`` call; returns the inference dump root."""
+    waves = [
+        [{"id": p["request_id"], "prompt": p["prompt_token_ids"], "max_new_tokens": MAX_NEW_TOKENS}]
+        for p in read_prompts(os.fspath(prompts))
+    ]
+    root, outputs = run_sglang_waves(tmp, model, waves, config, tp=tp)
+    assert {rid: len(ids) for rid, ids in outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
+    return root
+
+
+def run_sglang_waves(
+    tmp: Path, model: Path, waves: list[list[dict]], config: str, engine: dict | None = None, tp: int = 1
+) -> tuple[Path, dict[str, list[int]]]:
+    """SGLang's CPU engine on ``waves`` (``real_sglang_child.py``: the requests of a wave in one ``generate``
+    call, so SGLang packs them), keyword arguments ``engine`` over the radix cache off; returns the inference
+    dump root and the generated tokens per request id.
 
     SGLang 0.5.11+ dumps through its own switch (``msprobe_dump_config``), which needs the
     ``dump_path`` in the config: a copy of ``config`` names ``tmp/generate``. The radix cache is off,
-    so every prefill holds its whole prompt. ``tp`` > 1 binds one core per rank
-    (``SGLANG_CPU_OMP_THREADS_BIND``, which SGLang's CPU engine asks for).
+    so every prefill holds its whole prompt (a chunk of it where ``engine`` chunks prefills). ``tp`` > 1 binds
+    one core per rank (``SGLANG_CPU_OMP_THREADS_BIND``, which SGLang's CPU engine asks for).
     """
     root = tmp / "generate"
     tmp.mkdir(parents=True, exist_ok=True)
     native = tmp / "sglang-config.json"
     native.write_text(json.dumps({**json.loads(Path(config).read_text()), "dump_path": os.fspath(root)}))
-    waves = [
-        [{"id": p["request_id"], "prompt": p["prompt_token_ids"], "max_new_tokens": MAX_NEW_TOKENS}]
-        for p in read_prompts(os.fspath(prompts))
-    ]
     scenario = {
         "model": os.fspath(model),
         "tokenizer": os.fspath(tokenizer_dir(model, tmp / "tokenizer")),
-        "engine": {"msprobe_dump_config": os.fspath(native), "disable_radix_cache": True, "tp_size": tp},
+        "engine": {
+            "msprobe_dump_config": os.fspath(native),
+            "disable_radix_cache": True,
+            "tp_size": tp,
+            **(engine or {}),
+        },
         "waves": waves,
     }
     bind = {"SGLANG_CPU_OMP_THREADS_BIND": cores(tp)} if tp > 1 else {}
     run = run_engine(tmp / "sglang", scenario, DUMP_ON="1", **bind)
-    assert {rid: len(ids) for rid, ids in run.outputs.items()} == {w[0]["id"]: MAX_NEW_TOKENS for w in waves}
-    return root
+    return root, run.outputs
 
 
 def run_vllm(
@@ -174,12 +193,31 @@ def _with_dump_path(config: Path, copy: Path, root: Path) -> str:
     return os.fspath(copy)
 
 
+def run_vllm_scenario(tmp: Path, scenario: dict, config: str) -> tuple[Path, dict]:
+    """vLLM's CPU engine on a ``real_vllm_child.py`` scenario, its engine core in this process (so the waves
+    alone say what each step packs); returns the inference dump root and the child's report."""
+    env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": config, "MSPROBE_HOOKS_OUTPUT_DIR": os.fspath(tmp)}
+    run = run_vllm_engine(tmp / "vllm", scenario, VLLM_ENABLE_V1_MULTIPROCESSING="0", **env)
+    assert run.report is not None, f"vLLM run failed ({run.returncode}):\n{run.stderr[-4000:]}"
+    return tmp / "generate", run.report
+
+
 def align(train_root: Path, generate_root: Path, path: Path) -> list[dict]:
     """``msprobe-hooks align`` on the two trees, as a user runs it; the pairs it wrote."""
     command = [sys.executable, "-m", "msprobe_hooks", "align", os.fspath(train_root), os.fspath(generate_root)]
     done = subprocess.run([*command, "-o", os.fspath(path)], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def unpaired_table(stdout: str) -> dict[str, tuple[int, int]]:
+    """The unpaired table ``align`` prints: reason -> (training dumps, generate dumps)."""
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.rsplit(None, 2)
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            rows[parts[0].strip()] = (int(parts[1]), int(parts[2]))
+    return rows
 
 
 def run_compare(

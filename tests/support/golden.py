@@ -116,3 +116,55 @@ def two_step_run(into: Path, *, ids: bool, times: bool) -> tuple[Path, Path]:
     _write_lines(train / train_log.parent.name / train_log.name, out_train)
     _write_lines(generate / gen_log.parent.name / gen_log.name, out_gen)
     return train, generate
+
+
+# --- the decode set (tests/golden/decode: tensor mode, .npy tensor files) ------------------------------------
+
+DECODE = GOLDEN / "decode"
+
+
+def as_statistics(root: Path) -> None:
+    """Rewrite every tensor-mode dump under ``root`` as msprobe's statistics mode writes the same forward.
+
+    msprobe writes the same entries with the same statistics in both modes; tensor mode adds each tensor's
+    file name (``data_name``) and folder (``dump_data_dir``) and the files. So: task ``statistics``, no names,
+    no folder, no files (``test_decode`` checks this on the namings set's real statistics and tensor trees).
+    """
+
+    def without_files(entry: object) -> object:
+        if isinstance(entry, dict):
+            return {k: without_files(v) for k, v in entry.items() if k != "data_name"}
+        if isinstance(entry, list):
+            return [without_files(v) for v in entry]
+        return entry
+
+    for path in dumps(root):
+        data = json.loads(path.read_text())
+        data.update(task="statistics", dump_data_dir=None, data=without_files(data["data"]))
+        path.write_text(json.dumps(data))
+        shutil.rmtree(path.parent / "dump_tensor_data", ignore_errors=True)
+
+
+def tensor_file(dump: Path, module: str, io: str = "output", index: int = 0) -> Path:
+    """The tensor file of ``io`` ``index`` of the one ``Module.*{module}.*`` entry of ``dump`` (a dump.json)."""
+    data = json.loads(dump.read_text())["data"]
+    (name,) = [n for n in data if n.startswith("Module.") and f".{module}." in n]
+    tensors = data[name]["output" if io == "output" else "input_args"]
+    return dump.parent / "dump_tensor_data" / tensors[index]["data_name"]
+
+
+def scale_rows(dump: Path, module: str, rows: tuple[int, int], factor: float, io: str = "output") -> None:
+    """Multiply token rows ``[start, stop)`` of one module's dumped tensor (``.npy``) by ``factor``, in place.
+
+    A fault of known place and size in the tensors of one step: the rows of one request (an inference step
+    packs several) or of one position (a training sequence). The token dimension is the second of a training
+    ``[1, T, H]`` tensor, the first of an inference ``[T, H]`` one. The dump's statistics stay as they were:
+    token rows are compared from the tensors.
+    """
+    import numpy
+
+    path = tensor_file(dump, module, io)
+    values = numpy.load(path)
+    token_rows = values[0] if values.ndim == 3 else values
+    token_rows[rows[0] : rows[1]] *= factor
+    numpy.save(path, values)

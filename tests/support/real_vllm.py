@@ -29,6 +29,19 @@ CHILD = Path(__file__).resolve().parent / "real_vllm_child.py"
 # Engine start ~20 s and shutdown ~6 s on 2 cores; a run is a few steps more.
 TIMEOUT = 600
 
+# A recompute preemption (vLLM V1's only kind) on this CPU: a KV cache of three 32-token blocks (CPU attention
+# takes multiples of 32; vLLM keeps a fourth for itself) and three requests at once, (id, prompt, tokens to
+# generate). pre-a (30 prompt tokens) crosses into a second block at its third decode step and preempts the
+# request scheduled last (pre-c), which is recomputed once pre-a has finished. With the engine core in the
+# child's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the steps are the same every run.
+PREEMPTION_ENGINE = {"block_size": 32, "num_gpu_blocks_override": 4, "max_model_len": 64}
+PREEMPTION_REQUESTS = (
+    ("pre-a", list(range(10, 40)), 4),
+    ("pre-b", [70, 8, 33, 101], 6),
+    ("pre-c", [12, 59, 99, 6, 40], 5),
+)
+PREEMPTED = "pre-c"
+
 
 def engine_env(rpc_dir: str | Path, **overrides: str) -> dict[str, str]:
     """The environment of a real vLLM run: the shim on PYTHONPATH, a small CPU KV cache, no TorchDynamo.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from msprobe_hooks.analysis.results import (
 )
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
+from msprobe_hooks.analysis.table import Table
 
 PLOT = "error_by_depth.png"
 DECODE_PLOT = "decode_by_token.png"
@@ -75,28 +77,13 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     return f"{Verdict.NOTHING_COMPARED}: no tensor of any pair could be compared"
 
 
-def _float(value: float) -> str:
-    return f"{value:.3g}"
-
-
-def _markdown_table(frame: Any) -> str:
-    """A small DataFrame as a Markdown table (pandas' to_markdown needs tabulate, which msprobe does not bring)."""
-    import pandas
-
-    cells = frame.map(lambda v: "" if pandas.isna(v) else _float(v) if isinstance(v, float) else str(v))
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "---|" * len(frame.columns)
-    return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in cells.itertuples(index=False))])
-
-
 def _pair_label(r: PairResult) -> str:
     return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
 
 
-def sample_table(samples: Sequence[SampleCause]) -> Any:
+def sample_table(samples: Sequence[SampleCause]) -> Table:
     """``samples.csv``: per sample its gap (``logprob_gap.jsonl``), the first divergence at prefill and at the
     decode tokens, and on which path."""
-    import pandas
 
     def first(r: PairResult | None) -> str:
         if r is None or not r.compared:
@@ -120,21 +107,19 @@ def sample_table(samples: Sequence[SampleCause]) -> Any:
                 "path": s.path.value if s.path else "",
             }
         )
-    return pandas.DataFrame(records)
+    return Table(records)
 
 
-def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Any, Any]:
-    """``modules.csv`` and ``pairs.csv`` as DataFrames (columns: the fields of the row types).
+def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Table, Table]:
+    """``modules.csv`` (in pair, then model order) and ``pairs.csv`` (columns: the fields of the row types).
 
     ``message`` (why a pair failed) is a column of ``pairs.csv`` only when some pair failed.
     """
-    import pandas
-
-    table = pandas.DataFrame([row.record() for row in rows], columns=list(MODULE_COLUMNS))
-    table = table.sort_values(["pair", "order"], kind="stable")
+    ordered_rows = sorted(rows, key=lambda r: (r.pair, r.order))  # stable: keys of one tensor keep their order
+    table = Table([row.record() for row in ordered_rows], MODULE_COLUMNS)
     ordered = sorted(results, key=lambda r: r.pair)
     columns = [c for c in PAIR_RESULT_COLUMNS if c != "message" or any(r.message is not None for r in ordered)]
-    return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
+    return table, Table([r.record() for r in ordered], columns)
 
 
 @dataclass
@@ -194,8 +179,8 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     return lines
 
 
-def _table_html(frame: Any) -> str:
-    return frame.dropna(axis=1, how="all").to_html(index=False, na_rep="", float_format=_float)
+def _table_html(table: Table) -> str:
+    return table.without_empty_columns().html()
 
 
 def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> str:
@@ -205,13 +190,13 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     os.makedirs(folder, exist_ok=True)
     results = found.results
     table, pair_table = tables(results, found.rows)
-    table.to_csv(os.path.join(folder, "modules.csv"), index=False)
-    pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
+    table.to_csv(os.path.join(folder, "modules.csv"))
+    pair_table.to_csv(os.path.join(folder, "pairs.csv"))
     painter.draw(depth, found.rows, results, threshold, os.path.join(folder, PLOT))
-    figures = [("plot", interactive.depth(table, results, threshold))]
+    figures = [("plot", interactive.depth(found.rows, results, threshold))]
     sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
     if found.samples:
-        decode_figure = interactive.decode(table, found.samples)
+        decode_figure = interactive.decode(found.rows, found.samples)
         if decode_figure is not None:
             figures.append(("decode", decode_figure))
         sections.append(_symptom_section(folder, found, painter))
@@ -223,7 +208,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     headline = overall(results, threshold)
     ordered = sorted(results, key=lambda r: r.pair)
     failed = [r for r in ordered if r.verdict is Verdict.FAILED]
-    counts = table["status"].value_counts().to_dict() if not table.empty else {}
+    counts = Counter(s for s in table.column("status") if s is not None)
     notes = [
         f"Threshold: relative error {threshold:g} {THRESHOLD_OF}; {MEAN_NOT_THRESHOLDED}.",
         "Rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ". Unmatched rows are never a pass.",
@@ -233,17 +218,18 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
         out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
         out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
-        out.write(_markdown_table(pair_table[SUMMARY_COLUMNS]) + "\n\n")
+        out.write(pair_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
         for r in failed:
             out.write(f"- pair {r.pair}: {r.message}\n")
         out.write("".join(markdown for markdown, _ in sections))
         out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
 
     details = []
+    # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
+    status = table.columns.index("status")
+    shown = table.groups("pair", lambda row: row[status] != Status.NOT_COMPARABLE.value)
     for r in ordered:
-        # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-        shown = (table["pair"] == r.pair) & (table["status"] != Status.NOT_COMPARABLE.value)
-        mine = table[shown].dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
+        mine = shown.get(r.pair, table.empty()).drop("pair")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"
@@ -265,7 +251,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 {fragments["plot"]}
 {"".join(part.replace(FIGURE, fragments.get(name, "")) for _, (name, part) in sections)}
 <h2>Pairs</h2>
-{pair_table[SUMMARY_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
+{pair_table.select(SUMMARY_COLUMNS).html()}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}
@@ -285,7 +271,7 @@ def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str,
     """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
     samples = found.samples
     frame = sample_table(samples)
-    frame.to_csv(os.path.join(folder, SAMPLES), index=False)
+    frame.to_csv(os.path.join(folder, SAMPLES))
     figure = bool(decode_samples(samples))
     if figure:
         painter.draw(decode_heatmap, found.rows, samples, os.path.join(folder, DECODE_PLOT))
@@ -294,7 +280,7 @@ def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str,
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
         "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
         "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
-        f"All of it: `{SAMPLES}`.\n\n{_markdown_table(frame.dropna(axis=1, how='all'))}\n"
+        f"All of it: `{SAMPLES}`.\n\n{frame.without_empty_columns().markdown()}\n"
         + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if figure else "")
     )
     page = f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
@@ -303,13 +289,10 @@ def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str,
 
 def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tuple[str, tuple[str, str]]:
     """``steps.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``run``)."""
-    import pandas
-
-    tidy = pandas.DataFrame(run_view.tidy(views), columns=["global_step", "scalar", "layer", "value"])
-    tidy.to_csv(os.path.join(folder, STEPS), index=False)
+    Table(run_view.tidy(views), ["global_step", "scalar", "layer", "value"]).to_csv(os.path.join(folder, STEPS))
     painter.draw(run_heatmap, views, os.path.join(folder, RUN_PLOT))
     verdict = run_view.run_verdict(views)
-    frame = pandas.DataFrame(
+    frame = Table(
         [
             {
                 "global_step": v.global_step,
@@ -327,7 +310,7 @@ def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tu
         f"\n## The run\n\n**{verdict}**\n\nPer global step: the verdict over its pairs, its first divergence, the "
         "largest error, and the token gap of its samples (verl's rollout_probs_diff_*, the log-prob gap). Every "
         f"scalar, per layer too: `{STEPS}` (and `compare --tensorboard DIR`).\n\n"
-        f"{_markdown_table(frame.dropna(axis=1, how='all'))}\n\n![the run]({RUN_PLOT})\n"
+        f"{frame.without_empty_columns().markdown()}\n\n![the run]({RUN_PLOT})\n"
     )
     page = f"<h2>The run</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
     return markdown, ("run", page)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -27,6 +28,35 @@ def _figure(**kwargs: Any) -> Any:
     from matplotlib.figure import Figure
 
     return Figure(dpi=100, **kwargs)
+
+
+_MATHTEXT = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
+_EXPONENT = re.compile(r"\^\{(-?\d+)\}")
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def plain_power(label: str) -> str:
+    """A log axis label of matplotlib's (``$\\mathdefault{2\\times10^{-3}}$``) as plain text (2×10⁻³); any
+    other label as it is."""
+    found = _MATHTEXT.match(label)
+    if found is None:
+        return label
+    text = _EXPONENT.sub(lambda e: e.group(1).translate(_SUPERSCRIPT), found.group(1).replace("\\times", "\u00d7"))
+    return label if any(c in text for c in "\\{}$^") else text
+
+
+def _log_y(axes: Any) -> None:
+    """A log y axis labelled as matplotlib labels it (10⁻⁶, 2×10⁻³), in plain text: its own labels are mathtext,
+    whose parser, built on the first label, costs about as much as the rest of the figure."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class Plain(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return plain_power(super().__call__(x, pos))
+
+    axes.set_yscale("log")  # its default formatters, replaced here by the same in plain text
+    axes.yaxis.set_major_formatter(Plain(10))
+    axes.yaxis.set_minor_formatter(Plain(10, labelOnlyBase=False))
 
 
 def _compared(rows: Sequence[ModuleRow]) -> list[ModuleRow]:
@@ -59,7 +89,7 @@ def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: f
         elif ticks:  # after the layers (the final norm); the embedding sits at the axis' start, unlabelled
             ticks.setdefault(r.module, positions[r.order])
     axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
-    axes.set_yscale("log")
+    _log_y(axes)
     axes.set_xlabel("module (model order; ticks at each decoder layer's first compared tensor)")
     axes.set_ylabel(f"relative error (0 drawn at {FLOOR:g})")
     axes.set_title("training forward vs inference prefill: error by depth")
@@ -143,7 +173,7 @@ def run_heatmap(views: Sequence[StepView], path: str) -> None:
         if xs:
             bottom.plot(xs, [views[x].gap[name] for x in xs], style, marker="o", markersize=3, label=name)
     if bottom.lines:
-        bottom.set_yscale("log")
+        _log_y(bottom)
         bottom.legend(fontsize=7)
     bottom.set_ylabel("token gap", fontsize=8)
     bottom.set_xticks(range(len(views)), [str(v.global_step) for v in views], fontsize=7)

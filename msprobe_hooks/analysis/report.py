@@ -10,6 +10,7 @@ the tables are inline, nothing is fetched from the network.
 from __future__ import annotations
 
 import html
+import operator
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from msprobe_hooks.analysis.results import (
     PairResult,
     Status,
     Verdict,
+    module_row_values,
 )
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
@@ -110,13 +112,17 @@ def sample_table(samples: Sequence[SampleCause]) -> Table:
     return Table(records)
 
 
+_PAIR_ORDER = operator.attrgetter("pair", "order")
+
+
 def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Table, Table]:
     """``modules.csv`` (in pair, then model order) and ``pairs.csv`` (columns: the fields of the row types).
 
     ``message`` (why a pair failed) is a column of ``pairs.csv`` only when some pair failed.
     """
-    ordered_rows = sorted(rows, key=lambda r: (r.pair, r.order))  # stable: keys of one tensor keep their order
-    table = Table([row.record() for row in ordered_rows], MODULE_COLUMNS)
+    ordered_rows = sorted(rows, key=_PAIR_ORDER)  # stable: keys of one tensor keep their order
+    columns = zip(*map(module_row_values, ordered_rows), strict=True) if ordered_rows else [() for _ in MODULE_COLUMNS]
+    table = Table.of_columns(MODULE_COLUMNS, list(columns))
     ordered = sorted(results, key=lambda r: r.pair)
     columns = [c for c in PAIR_RESULT_COLUMNS if c != "message" or any(r.message is not None for r in ordered)]
     return table, Table([r.record() for r in ordered], columns)
@@ -226,10 +232,12 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
 
     details = []
     # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-    status = table.columns.index("status")
-    shown = table.groups("pair", lambda row: row[status] != Status.NOT_COMPARABLE.value)
+    shown: dict[Any, list[int]] = {}  # pair -> its rows of the table
+    for i, (pair, status) in enumerate(zip(table.column("pair"), table.column("status"), strict=True)):
+        if status != Status.NOT_COMPARABLE.value:
+            shown.setdefault(pair, []).append(i)
     for r in ordered:
-        mine = shown.get(r.pair, table.empty()).drop("pair")
+        mine = table.take(shown.get(r.pair, [])).drop("pair")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"

@@ -1,22 +1,25 @@
-"""The report's tables without pandas: records under named columns, as CSV, Markdown and HTML.
+"""The report's tables without pandas: values under named columns, as CSV, Markdown and HTML.
 
 pandas costs ``compare`` more to import (0.3-0.7 s here) than a few pairs take to compare, so the report does
 not use it. The CSV files stay what pandas wrote (``DataFrame(records, columns).to_csv(path, index=False)``),
 byte for byte: each column is written as the dtype pandas infers for it (:func:`column_kind`), a missing value
 (None, NaN) as an empty cell, quoting by the csv module as pandas does (``tests/analysis/test_table.py``
-checks both against pandas).
+checks both against pandas). A table is held by column: a report of a thousand pairs has millions of cells,
+and a column is formatted in one pass.
 """
 
 from __future__ import annotations
 
 import csv
+import enum
 import html
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # The dtype pandas infers for a column of Python values, as far as it changes what a cell says.
 INT, FLOAT, BOOL, OBJECT = "int", "float", "bool", "object"
+_NONE = type(None)
 
 
 def missing(value: Any) -> bool:
@@ -24,29 +27,40 @@ def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _type_kind(t: type) -> str | None:
+    if t is _NONE:
+        return None
+    if issubclass(t, bool):
+        return BOOL
+    if issubclass(t, int):
+        return INT
+    return FLOAT if issubclass(t, float) else OBJECT
+
+
 def column_kind(values: Sequence[Any]) -> str:
     """The dtype pandas gives a column of these values: integers alone are ``int``; integers and floats, or
     integers with a missing value, ``float`` (so 3 is written 3.0); booleans alone ``bool``; anything else
     ``object`` (each value as its ``str``)."""
-    present = [v for v in values if not missing(v)]
-    if any(isinstance(v, bool) for v in present):
-        return BOOL if len(present) == len(values) and all(isinstance(v, bool) for v in present) else OBJECT
-    if not present and values and all(isinstance(v, float) for v in values):
-        return FLOAT  # NaN alone
-    if not present or not all(isinstance(v, (int, float)) for v in present):
-        return OBJECT
-    if all(isinstance(v, int) for v in present) and len(present) == len(values):
-        return INT
-    return FLOAT
+    return _kind(set(map(type, values)))
 
 
-def csv_cell(value: Any, kind: str) -> str:
-    """A value as pandas' ``to_csv`` writes it in a column of ``kind``."""
-    if missing(value):
-        return ""
-    if kind == FLOAT:
-        return repr(float(value))  # numpy's float text is Python's repr
-    return str(value)
+def _kind(types: set[type]) -> str:
+    kinds = {_type_kind(t) for t in types}
+    present = kinds - {None}
+    if present == {INT}:
+        return FLOAT if None in kinds else INT
+    if present and present <= {INT, FLOAT}:
+        return FLOAT  # NaN is a float: integers with a NaN are floats too
+    return BOOL if present == {BOOL} and None not in kinds else OBJECT
+
+
+def csv_cells(values: Sequence[Any], kind: str) -> list[str]:
+    """A column as pandas' ``to_csv`` writes it (a column of ``kind``)."""
+    if kind == FLOAT:  # numpy's float text is Python's repr
+        return ["" if v is None or v != v else repr(float(v)) for v in values]
+    if kind in (INT, BOOL):
+        return list(map(str, values))
+    return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
 
 
 def float_text(value: float) -> str:
@@ -54,84 +68,78 @@ def float_text(value: float) -> str:
     return f"{value:.3g}"
 
 
-def shown_cell(value: Any, kind: str) -> str:
-    """A value as the report's Markdown and HTML tables show it: floats (a ``float`` column's integers too) to
-    three significant digits, missing ones empty."""
-    if missing(value):
-        return ""
-    if kind == FLOAT or isinstance(value, float):
-        return float_text(float(value))
-    return str(value)
+def shown_cells(values: Sequence[Any], kind: str) -> list[str]:
+    """A column as the report's Markdown and HTML tables show it: floats (a ``float`` column's integers too) to
+    three significant digits, missing values empty."""
+    if kind == FLOAT:
+        return ["" if v is None or v != v else f"{v:.3g}" for v in values]
+    if kind in (INT, BOOL):
+        return list(map(str, values))
+    return ["" if v is None else (f"{v:.3g}" if v == v else "") if isinstance(v, float) else str(v) for v in values]
 
 
 class Table:
-    """Rows of values under named columns.
+    """Values under named columns, held by column.
 
-    ``columns`` default to every key of the records, in the order they first appear (as pandas orders a
-    DataFrame of dicts); a key a record lacks is a missing value.
+    From records: ``columns`` default to every key of the records, in the order they first appear (as pandas
+    orders a DataFrame of dicts); a key a record lacks is a missing value. Enum values are their text.
     """
 
-    def __init__(self, records: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
+    def __init__(self, records: Iterable[Mapping[str, Any]] = (), columns: Sequence[str] | None = None) -> None:
         records = list(records)
         if columns is None:
             columns = list(dict.fromkeys(key for record in records for key in record))
         self.columns: list[str] = list(columns)
-        self.rows: list[list[Any]] = [[record.get(c) for c in self.columns] for record in records]
+        self._values = [_plain([record.get(c) for record in records]) for c in self.columns]
+        self._length = len(records)
+        self._kinds: list[str] | None = None
 
     @classmethod
-    def _of(cls, columns: list[str], rows: list[list[Any]]) -> Table:
+    def of_columns(cls, columns: Sequence[str], values: Sequence[Sequence[Any]], length: int | None = None) -> Table:
+        """A table of these columns' values (each a sequence, one value per row)."""
         table = cls([], columns)
-        table.rows = rows
+        table._values = [_plain(list(v)) for v in values]
+        table._length = len(table._values[0]) if table._values else (length or 0)
         return table
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._length
 
     def column(self, name: str) -> list[Any]:
-        index = self.columns.index(name)
-        return [row[index] for row in self.rows]
+        return self._values[self.columns.index(name)]
 
     def select(self, columns: Sequence[str]) -> Table:
         """These columns, in this order."""
-        indices = [self.columns.index(c) for c in columns]
-        return self._of(list(columns), [[row[i] for i in indices] for row in self.rows])
+        return self.of_columns(columns, [self.column(c) for c in columns], self._length)
 
     def drop(self, column: str) -> Table:
         return self.select([c for c in self.columns if c != column])
 
-    def empty(self) -> Table:
-        """No rows, the same columns."""
-        return self._of(list(self.columns), [])
-
-    def groups(self, by: str, keep: Callable[[list[Any]], bool]) -> dict[Any, Table]:
-        """The rows for which ``keep(row)`` is true, a table per value of column ``by`` (in row order)."""
-        at = self.columns.index(by)
-        found: dict[Any, list[list[Any]]] = {}
-        for row in self.rows:
-            if keep(row):
-                found.setdefault(row[at], []).append(row)
-        return {value: self._of(list(self.columns), rows) for value, rows in found.items()}
+    def take(self, rows: Sequence[int]) -> Table:
+        """These rows, in this order."""
+        return self.of_columns(self.columns, [[values[i] for i in rows] for values in self._values], len(rows))
 
     def without_empty_columns(self) -> Table:
         """Without the columns whose every value is missing (pandas' ``dropna(axis=1, how="all")``)."""
-        kept = [c for i, c in enumerate(self.columns) if not all(missing(row[i]) for row in self.rows)]
-        return self.select(kept)
+        return self.select([c for c, v in zip(self.columns, self._values, strict=True) if not all(map(missing, v))])
 
     def kinds(self) -> list[str]:
-        return [column_kind([row[i] for row in self.rows]) for i in range(len(self.columns))]
+        if self._kinds is None:
+            self._kinds = [_kind(set(map(type, v))) for v in self._values]
+        return self._kinds
 
     def to_csv(self, path: str) -> None:
         """The table as pandas' ``to_csv(path, index=False)`` writes it."""
-        kinds = self.kinds()
+        cells = [csv_cells(v, k) for v, k in zip(self._values, self.kinds(), strict=True)]
         with open(path, "w", encoding="utf-8", newline="") as out:
             writer = csv.writer(out, lineterminator="\n")
             writer.writerow(self.columns)
-            writer.writerows([csv_cell(v, k) for v, k in zip(row, kinds, strict=True)] for row in self.rows)
+            writer.writerows(zip(*cells, strict=True) if cells else [[] for _ in range(self._length)])
 
     def shown(self) -> list[list[str]]:
         """Every row's cells as the Markdown and HTML tables show them."""
-        kinds = self.kinds()
-        return [[shown_cell(v, k) for v, k in zip(row, kinds, strict=True)] for row in self.rows]
+        cells = [shown_cells(v, k) for v, k in zip(self._values, self.kinds(), strict=True)]
+        return [list(row) for row in zip(*cells, strict=True)] if cells else [[] for _ in range(self._length)]
 
     def markdown(self) -> str:
         header = "| " + " | ".join(self.columns) + " |"
@@ -141,10 +149,20 @@ class Table:
     def html(self) -> str:
         """An HTML table (the cells escaped), in the form of pandas' ``to_html(index=False)``."""
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>\n" for cells in self.shown()
-        )
+        kinds = self.kinds()
+        cells = [
+            shown_cells(v, k) if k != OBJECT else list(map(html.escape, shown_cells(v, k)))
+            for v, k in zip(self._values, kinds, strict=True)
+        ]
+        body = "".join("<tr><td>" + "</td><td>".join(row) + "</td></tr>\n" for row in zip(*cells, strict=True))
         return (
             f'<table border="1" class="dataframe">\n<thead>\n<tr style="text-align: right;">{head}</tr>\n</thead>\n'
             f"<tbody>\n{body}</tbody>\n</table>"
         )
+
+
+def _plain(values: list[Any]) -> list[Any]:
+    """Enum values as their text (a report's statuses and verdicts)."""
+    if any(issubclass(t, enum.Enum) for t in set(map(type, values))):
+        return [v.value if isinstance(v, enum.Enum) else v for v in values]
+    return values

@@ -7,7 +7,9 @@ for ``summary.md``.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +20,28 @@ from msprobe_hooks.analysis.symptom import SampleCause
 
 
 def _html(figure: Any, div_id: str, first: bool) -> str:
-    return figure.to_html(full_html=False, include_plotlyjs=first, div_id=div_id, config={"displaylogo": False})
+    """A figure (a plotly Figure, or the dict of one) as an HTML fragment; plotly.js inlined when ``first``."""
+    import plotly.io
+
+    if isinstance(figure, dict):  # plotly's default look, which a Figure would have brought
+        figure["layout"].setdefault("template", _default_template())
+    return plotly.io.to_html(
+        figure, full_html=False, include_plotlyjs=first, div_id=div_id, config={"displaylogo": False}, validate=False
+    )
+
+
+def _default_template() -> dict[str, Any]:
+    """plotly's default template, read from its file: ``plotly.io.templates[...]`` builds it as graph objects,
+    importing every layout validator (0.3-0.6 s)."""
+    import plotly
+    import plotly.io
+
+    name = plotly.io.templates.default
+    path = os.path.join(os.path.dirname(plotly.__file__), "package_data", "templates", f"{name}.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    return plotly.io.templates[name].to_plotly_json()  # a combined default ("a+b"): plotly merges them
 
 
 def _compared(rows: Sequence[ModuleRow]) -> dict[int | None, list[ModuleRow]]:
@@ -29,13 +52,14 @@ def _compared(rows: Sequence[ModuleRow]) -> dict[int | None, list[ModuleRow]]:
     return by_pair
 
 
-def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: float) -> Any:
-    """Error against the position in model order, one line per pair; hover: module, input/output, pair, error."""
-    import plotly.graph_objects as go
+def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: float) -> dict[str, Any]:
+    """Error against the position in model order, one line per pair; hover: module, input/output, pair, error.
 
+    The figure as plotly's JSON, not a Figure: it has a line per pair, and a Figure validates every point (seconds
+    for a thousand pairs)."""
     compared = _compared(rows)
     positions = {order: x for x, order in enumerate(sorted({r.order for mine in compared.values() for r in mine}))}
-    figure = go.Figure()
+    traces: list[dict[str, Any]] = []
     for result in sorted(results, key=lambda r: r.pair):
         mine = compared.get(result.pair, [])
         if not mine:
@@ -43,39 +67,53 @@ def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: f
         label = f"pair {result.pair} ({result.key}" + (
             f", token {result.token_index})" if result.token_index is not None else ")"
         )
-        figure.add_trace(
-            go.Scatter(
-                x=[positions[r.order] for r in mine],
-                y=[max(float(r.error), FLOOR) for r in mine],  # type: ignore[arg-type]
-                mode="lines+markers",
-                marker={"size": 4},
-                name=label,
-                customdata=[(r.module, r.io) for r in mine],
-                hovertemplate=f"{label}<br>%{{customdata[0]}} %{{customdata[1]}}<br>error %{{y:.3g}}<extra></extra>",
-            )
+        traces.append(
+            {
+                "customdata": [[r.module, r.io] for r in mine],
+                "hovertemplate": f"{label}<br>%{{customdata[0]}} %{{customdata[1]}}<br>error %{{y:.3g}}<extra></extra>",
+                "marker": {"size": 4},
+                "mode": "lines+markers",
+                "name": label,
+                "x": [positions[r.order] for r in mine],
+                "y": [max(float(r.error), FLOOR) for r in mine],  # type: ignore[arg-type]
+                "type": "scatter",
+            }
         )
         if result.verdict is Verdict.DIVERGES and result.first_order in positions:
-            figure.add_trace(
-                go.Scatter(
-                    x=[positions[result.first_order]],
-                    y=[max(float(result.first_error), FLOOR)],
-                    mode="markers",
-                    marker={"size": 12, "color": "rgba(0,0,0,0)", "line": {"color": "red", "width": 2}},
-                    showlegend=False,
-                    hovertemplate=f"first divergence of {label}<br>{result.first_module} {result.first_io}"
+            traces.append(
+                {
+                    "hovertemplate": f"first divergence of {label}<br>{result.first_module} {result.first_io}"
                     "<br>error %{y:.3g}<extra></extra>",
-                )
+                    "marker": {"color": "rgba(0,0,0,0)", "line": {"color": "red", "width": 2}, "size": 12},
+                    "mode": "markers",
+                    "showlegend": False,
+                    "x": [positions[result.first_order]],
+                    "y": [max(float(result.first_error), FLOOR)],  # type: ignore[arg-type]
+                    "type": "scatter",
+                }
             )
-    figure.add_hline(y=threshold, line={"color": "red", "dash": "dash", "width": 1})
-    figure.update_layout(
-        title="training forward vs inference: error by depth",
-        xaxis_title="module (model order)",
-        yaxis={"type": "log", "title": "relative error"},
-        height=420,
-        margin={"t": 50, "l": 60, "r": 20, "b": 50},
-        showlegend=len(results) <= 12,
-    )
-    return figure
+    threshold_line = {"color": "red", "dash": "dash", "width": 1}
+    layout = {
+        "shapes": [
+            {
+                "line": threshold_line,
+                "type": "line",
+                "x0": 0,
+                "x1": 1,
+                "xref": "x domain",
+                "y0": threshold,
+                "y1": threshold,
+                "yref": "y",
+            }
+        ],  # fmt: skip
+        "title": {"text": "training forward vs inference: error by depth"},
+        "xaxis": {"title": {"text": "module (model order)"}},
+        "yaxis": {"type": "log", "title": {"text": "relative error"}},
+        "height": 420,
+        "margin": {"t": 50, "l": 60, "r": 20, "b": 50},
+        "showlegend": len(results) <= 12,
+    }
+    return {"data": traces, "layout": layout}
 
 
 def decode(rows: Sequence[ModuleRow], samples: Sequence[SampleCause], most: int = 6) -> Any | None:

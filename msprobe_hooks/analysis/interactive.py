@@ -131,7 +131,8 @@ def decode(rows: Sequence[ModuleRow], samples: Sequence[SampleCause], most: int 
     figure = make_subplots(rows=1, cols=len(shown), subplot_titles=[f"{s.key} (step {s.global_step})" for s in shown])
     for col, sample in enumerate(shown, 1):
         pairs = [r.pair for r in sample.decode if r.compared]
-        layers = sorted({layer for pair, layer in largest if pair in set(pairs)})
+        shown_pairs = set(pairs)
+        layers = sorted({layer for pair, layer in largest if pair in shown_pairs})
         z = [
             [math.log10(max(largest[p, layer], FLOOR)) if (p, layer) in largest else None for p in pairs]
             for layer in layers

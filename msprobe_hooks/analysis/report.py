@@ -19,7 +19,7 @@ from typing import Any
 
 from msprobe_hooks.analysis import interactive, run_view
 from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, run_heatmap
+from msprobe_hooks.analysis.plots import Painter, Point, decode_heatmap, decode_samples, depth, points, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -198,14 +198,15 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     table, pair_table = tables(results, found.rows)
     table.to_csv(os.path.join(folder, "modules.csv"))
     pair_table.to_csv(os.path.join(folder, "pairs.csv"))
-    painter.draw(depth, found.rows, results, threshold, os.path.join(folder, PLOT))
+    compared = points(found.rows)  # what the figures need of the rows, all the painter's process is sent
+    painter.draw(depth, compared, results, threshold, os.path.join(folder, PLOT))
     figures = [("plot", interactive.depth(found.rows, results, threshold))]
     sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
     if found.samples:
         decode_figure = interactive.decode(found.rows, found.samples)
         if decode_figure is not None:
             figures.append(("decode", decode_figure))
-        sections.append(_symptom_section(folder, found, painter))
+        sections.append(_symptom_section(folder, found, compared, painter))
     if found.steps:
         figures.append(("run", interactive.run(found.steps)))
         sections.append(_run_section(folder, found.steps, painter))
@@ -275,14 +276,16 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
 
 
-def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str, tuple[str, str]]:
+def _symptom_section(
+    folder: str, found: Answer, compared: Sequence[Point], painter: Painter
+) -> tuple[str, tuple[str, str]]:
     """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
     samples = found.samples
     frame = sample_table(samples)
     frame.to_csv(os.path.join(folder, SAMPLES))
     figure = bool(decode_samples(samples))
     if figure:
-        painter.draw(decode_heatmap, found.rows, samples, os.path.join(folder, DECODE_PLOT))
+        painter.draw(decode_heatmap, compared, samples, os.path.join(folder, DECODE_PLOT))
     verdict = path_verdict(samples)
     markdown = (
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"

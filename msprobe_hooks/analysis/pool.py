@@ -6,6 +6,7 @@ with a progress bar on a terminal.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -29,7 +30,8 @@ def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str
         for i, pair in enumerate(tqdm(pairs, unit="pair", disable=None)):
             yield compare_pair(i, pair, threshold, mapping)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # A worker collects its garbage, whatever the caller does (compare turns the collector off in its own process).
+    with ProcessPoolExecutor(max_workers=workers, initializer=gc.enable) as pool:
         futures = [pool.submit(compare_pair, i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
         for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
             yield future.result()

@@ -79,7 +79,7 @@ def _cell(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-@dataclass
+@dataclass(slots=True)  # a report of a thousand pairs holds millions: a third of the memory of a __dict__
 class ModuleRow:
     """One tensor of one pair: a row of ``modules.csv`` (its fields are the columns, in order).
 

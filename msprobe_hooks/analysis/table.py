@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import enum
 import html
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 # The dtype pandas infers for a column of Python values, as far as it changes what a cell says.
 INT, FLOAT, BOOL, OBJECT = "int", "float", "bool", "object"
 _NONE = type(None)
+_CHUNK_ROWS = 1 << 14
 
 
 def missing(value: Any) -> bool:
@@ -55,12 +57,29 @@ def _kind(types: set[type]) -> str:
 
 
 def csv_cells(values: Sequence[Any], kind: str) -> list[str]:
-    """A column as pandas' ``to_csv`` writes it (a column of ``kind``)."""
+    """A column as pandas' ``to_csv`` writes it (a column of ``kind``), before the csv module's quoting."""
+    types = set(map(type, values))
     if kind == FLOAT:  # numpy's float text is Python's repr
+        if types <= {float, _NONE}:
+            return ["" if v is None or v != v else repr(v) for v in values]
         return ["" if v is None or v != v else repr(float(v)) for v in values]
     if kind in (INT, BOOL):
         return list(map(str, values))
+    if types <= {str, _NONE}:
+        return ["" if v is None else v for v in values]
     return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in values]
+
+
+_SPECIAL = (",", '"', "\n", "\r")  # what makes the csv module quote a field (QUOTE_MINIMAL, its default dialect)
+
+
+def _quoted(cells: list[str]) -> list[str]:
+    """The cells as the csv module writes them: in quotes (their own doubled) where they hold a delimiter, a quote
+    or a line break."""
+    joined = "\0".join(cells)
+    if not any(c in joined for c in _SPECIAL):  # most columns: one scan
+        return cells
+    return [f'"{c.replace(chr(34), chr(34) * 2)}"' if any(s in c for s in _SPECIAL) else c for c in cells]
 
 
 def float_text(value: float) -> str:
@@ -132,9 +151,16 @@ class Table:
         """The table as pandas' ``to_csv(path, index=False)`` writes it."""
         cells = [csv_cells(v, k) for v, k in zip(self._values, self.kinds(), strict=True)]
         with open(path, "w", encoding="utf-8", newline="") as out:
-            writer = csv.writer(out, lineterminator="\n")
-            writer.writerow(self.columns)
-            writer.writerows(zip(*cells, strict=True) if cells else [[] for _ in range(self._length)])
+            if len(self.columns) < 2:  # the csv module itself: its rules for a row of one field (an empty one is "")
+                writer = csv.writer(out, lineterminator="\n")
+                writer.writerow(self.columns)
+                writer.writerows(zip(*cells, strict=True) if cells else [[]] * len(self))
+                return
+            cells = [_quoted(c) if k == OBJECT else c for c, k in zip(cells, self.kinds(), strict=True)]
+            out.write(",".join(_quoted(list(self.columns))) + "\n")
+            rows = zip(*cells, strict=True)
+            while chunk := list(itertools.islice(rows, _CHUNK_ROWS)):  # the file is written as it is made
+                out.write("\n".join(map(",".join, chunk)) + "\n")
 
     def shown(self) -> list[list[str]]:
         """Every row's cells as the Markdown and HTML tables show them."""

@@ -15,11 +15,12 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 
 from msprobe_hooks.analysis import align, pairs
 from msprobe_hooks.analysis.logs import find_logs
 from msprobe_hooks.inference import dispatch_log
-from msprobe_hooks.inference.dispatch_log import ScheduledRequest, step_line
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request, step_line
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG, prompt_hash
 from msprobe_hooks.jsonl import JsonlLog
 
@@ -37,37 +38,57 @@ def _write_dump(folder: str) -> None:
         handle.write(DUMP)
 
 
-def build(root: str) -> tuple[str, str]:
-    """Both trees, written by the real log writers (``{root}/{this pid}/...``)."""
-    train, generate = os.path.join(root, "actor"), os.path.join(root, "generate")
-    hashes = [prompt_hash(range(i, i + PROMPT_LEN)) for i in range(REQUESTS)]
+def write_training(train: str, hashes: list[str]) -> None:
+    """The training side: one prompt-only dump per request and its log line (``{train}/{this pid}/...``)."""
     train_log = JsonlLog(train, TRAINING_LOG)
-    for i in range(REQUESTS):
+    for i, prompt in enumerate(hashes):
         sample = {"index": 0, "uid": f"u{i}", "session_id": 0, "request_id": f"req-{i}", "request_ids": [f"req-{i}"]}
-        sample.update(prompt_len=PROMPT_LEN, prompt_hash=hashes[i], seq_len=PROMPT_LEN + 64)
+        sample.update(prompt_len=PROMPT_LEN, prompt_hash=prompt, seq_len=PROMPT_LEN + 64)
         line = {"source": "update_actor", "pid": os.getpid(), "rank": 0, "step": i, "global_step": 1}
         line.update(phase="log_prob", micro_batch=i, dump="prompt", request_ids=[f"req-{i}"], num_requests=1)
         train_log.write({**line, "samples": [sample]})
         _write_dump(os.path.join(train, f"step{i}", "rank0"))
-    generate_log = dispatch_log.open_log(generate)
+
+
+def model_steps(hashes: list[str], decodes: int) -> Iterator[tuple[int, bool, list[ScheduledRequest]]]:
+    """(step, dumped, rows) of every model step, in log order: each request's prefill alone (dumped), then
+    ``decodes`` decode steps of the last :data:`RUNNING` requests."""
     step = 0
-    for i in range(REQUESTS):
-        prefill = [ScheduledRequest(f"req-{i}-0123abcd", f"req-{i}", True, PROMPT_LEN, 0, PROMPT_LEN, hashes[i])]
-        generate_log.write_line(
-            step_line(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=True, requests=prefill)
-        )
-        _write_dump(os.path.join(generate, str(os.getpid()), f"step{step}", "rank0"))
+    bases = [f"req-{i}" for i in range(len(hashes))]
+    ids = [f"{base}-0123abcd" for base in bases]
+    for i, prompt in enumerate(hashes):
+        yield step, True, [ScheduledRequest(f"req-{i}-0123abcd", f"req-{i}", True, PROMPT_LEN, 0, PROMPT_LEN, prompt)]
         step += 1
         running = range(max(0, i - RUNNING + 1), i + 1)
-        for k in range(1, DECODES + 1):
-            rows = [
-                ScheduledRequest(f"req-{j}-0123abcd", f"req-{j}", False, 1, PROMPT_LEN + k, PROMPT_LEN, hashes[j])
+        for k in range(1, decodes + 1):
+            rows = [  # as the engines make them, without a NamedTuple's Python-level __new__
+                make_scheduled_request((ids[j], bases[j], False, 1, PROMPT_LEN + k, PROMPT_LEN, hashes[j], False))
                 for j in running
             ]
-            generate_log.write_line(
-                step_line(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=False, requests=rows)
-            )
+            yield step, False, rows
             step += 1
+
+
+def write_dispatch(generate: str, hashes: list[str], decodes: int) -> None:
+    """The inference side: every model step's line, by the real writer, and the prefill steps' dumps."""
+    log = dispatch_log.open_log(generate)
+    for step, dumped, rows in model_steps(hashes, decodes):
+        line = step_line(engine="vllm", engine_version="0.32.0", rank=0, step=step, dumped=dumped, requests=rows)
+        log.write_line(line)
+        if dumped:
+            _write_dump(os.path.join(generate, str(os.getpid()), f"step{step}", "rank0"))
+
+
+def prompt_hashes(requests: int) -> list[str]:
+    return [prompt_hash(range(i, i + PROMPT_LEN)) for i in range(requests)]
+
+
+def build(root: str) -> tuple[str, str]:
+    """Both trees, written by the real log writers (``{root}/{this pid}/...``)."""
+    train, generate = os.path.join(root, "actor"), os.path.join(root, "generate")
+    hashes = prompt_hashes(REQUESTS)
+    write_training(train, hashes)
+    write_dispatch(generate, hashes, DECODES)
     return train, generate
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
 from msprobe_hooks.analysis.run_view import StepView
@@ -29,22 +30,65 @@ def _figure(**kwargs: Any) -> Any:
     return Figure(dpi=100, **kwargs)
 
 
-def _compared(rows: Sequence[ModuleRow]) -> list[ModuleRow]:
-    return sorted((r for r in rows if r.status is Status.COMPARED), key=lambda r: (r.pair, r.order))
+_MATHTEXT = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
+_EXPONENT = re.compile(r"\^\{(-?\d+)\}")
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
 
 
-def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: float, path: str) -> None:
+def plain_power(label: str) -> str:
+    """A log axis label of matplotlib's (``$\\mathdefault{2\\times10^{-3}}$``) as plain text (2×10⁻³); any
+    other label as it is."""
+    found = _MATHTEXT.match(label)
+    if found is None:
+        return label
+    text = _EXPONENT.sub(lambda e: e.group(1).translate(_SUPERSCRIPT), found.group(1).replace("\\times", "\u00d7"))
+    return label if any(c in text for c in "\\{}$^") else text
+
+
+def _log_y(axes: Any) -> None:
+    """A log y axis labelled as matplotlib labels it (10⁻⁶, 2×10⁻³), in plain text: its own labels are mathtext,
+    whose parser, built on the first label, costs about as much as the rest of the figure."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class Plain(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return plain_power(super().__call__(x, pos))
+
+    axes.set_yscale("log")  # its default formatters, replaced here by the same in plain text
+    axes.yaxis.set_major_formatter(Plain(10))
+    axes.yaxis.set_minor_formatter(Plain(10, labelOnlyBase=False))
+
+
+class Point(NamedTuple):
+    """What the figures draw of a compared row: the painter's process is sent these, not the rows."""
+
+    pair: int
+    order: int
+    layer: int | None
+    module: str
+    error: float
+
+
+def points(rows: Iterable[ModuleRow]) -> list[Point]:
+    """The compared rows as the figures draw them, in pair, then model order."""
+    compared = (Point(r.pair, r.order, r.layer, r.module, r.error) for r in rows if r.status is Status.COMPARED)  # type: ignore[arg-type]
+    return sorted(compared, key=lambda p: (p.pair, p.order))
+
+
+def depth(compared: Sequence[Point], results: Sequence[PairResult], threshold: float, path: str) -> None:
     """Error against depth (model order), one line per pair, each pair's first divergence marked."""
-    compared = _compared(rows)
     positions = {order: x for x, order in enumerate(sorted({r.order for r in compared}))}
+    by_pair: dict[int, list[Point]] = {}
+    for point in compared:
+        by_pair.setdefault(point.pair, []).append(point)
     figure = _figure(figsize=(10, 4.5))
     axes = figure.subplots()
     for result in sorted(results, key=lambda r: r.pair):
-        mine = [r for r in compared if r.pair == result.pair]
+        mine = by_pair.get(result.pair)
         if not mine:
             continue
         xs = [positions[r.order] for r in mine]
-        ys = [max(float(r.error), FLOOR) for r in mine]  # type: ignore[arg-type]
+        ys = [max(float(r.error), FLOOR) for r in mine]
         (line,) = axes.plot(xs, ys, linewidth=1, label=f"pair {result.pair} ({result.key})")
         if result.verdict is Verdict.DIVERGES:
             x, y = positions[result.first_order], max(float(result.first_error), FLOOR)
@@ -59,7 +103,7 @@ def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: f
         elif ticks:  # after the layers (the final norm); the embedding sits at the axis' start, unlabelled
             ticks.setdefault(r.module, positions[r.order])
     axes.set_xticks(list(ticks.values()), list(ticks.keys()), fontsize=8)
-    axes.set_yscale("log")
+    _log_y(axes)
     axes.set_xlabel("module (model order; ticks at each decoder layer's first compared tensor)")
     axes.set_ylabel(f"relative error (0 drawn at {FLOOR:g})")
     axes.set_title("training forward vs inference prefill: error by depth")
@@ -75,23 +119,24 @@ def decode_samples(samples: Sequence[SampleCause]) -> list[SampleCause]:
     return [s for s in samples if any(r.compared for r in s.decode)][:MOST_SAMPLES]
 
 
-def decode_heatmap(rows: Sequence[ModuleRow], samples: Sequence[SampleCause], path: str) -> None:
+def decode_heatmap(compared: Sequence[Point], samples: Sequence[SampleCause], path: str) -> None:
     """Error by decode token (x) and decoder layer (y), one panel per sample of :func:`decode_samples`: the
     largest error among a layer's compared tensors, log scale."""
     import numpy
 
     shown = decode_samples(samples)
-    compared = [r for r in _compared(rows) if r.layer is not None]
     largest: dict[tuple[int, int], float] = {}  # (pair, layer) -> its largest error
     for r in compared:
-        largest[r.pair, r.layer] = max(largest.get((r.pair, r.layer), 0.0), float(r.error))  # type: ignore[index,arg-type]
+        if r.layer is not None:
+            largest[r.pair, r.layer] = max(largest.get((r.pair, r.layer), 0.0), float(r.error))
     top = max(max(largest.values(), default=1e-6), 1e-6)
     figure = _figure(figsize=(3.2 * len(shown) + 1, 3.6))
     axes = figure.subplots(1, len(shown), squeeze=False)
     image = None
     for ax, sample in zip(axes[0], shown, strict=True):
         pairs = [r for r in sample.decode if r.compared]
-        layers = sorted({layer for pair, layer in largest if pair in {r.pair for r in pairs}})
+        shown_pairs = {r.pair for r in pairs}
+        layers = sorted({layer for pair, layer in largest if pair in shown_pairs})
         grid = numpy.full((len(layers) or 1, len(pairs)), numpy.nan)
         for x, r in enumerate(pairs):
             for y, layer in enumerate(layers):
@@ -143,7 +188,7 @@ def run_heatmap(views: Sequence[StepView], path: str) -> None:
         if xs:
             bottom.plot(xs, [views[x].gap[name] for x in xs], style, marker="o", markersize=3, label=name)
     if bottom.lines:
-        bottom.set_yscale("log")
+        _log_y(bottom)
         bottom.legend(fontsize=7)
     bottom.set_ylabel("token gap", fontsize=8)
     bottom.set_xticks(range(len(views)), [str(v.global_step) for v in views], fontsize=7)

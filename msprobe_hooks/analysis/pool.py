@@ -6,6 +6,7 @@ with a progress bar on a terminal.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import sys
 from collections.abc import Iterator, Sequence
@@ -31,10 +32,11 @@ def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str
         for i, pair in enumerate(tqdm(pairs, unit="pair", disable=None)):
             yield compare_pair(i, pair, threshold, mapping)
         return
+    # A worker collects its garbage, whatever the caller does (compare turns the collector off in its own process).
     # A process whose torch already ran (tensor-mode pairs compared here before) must not fork workers that run
     # torch again: its thread pools do not survive a fork (the workers hang). Spawned workers start clean.
     context = multiprocessing.get_context("spawn") if "torch" in sys.modules else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=gc.enable) as pool:
         futures = [pool.submit(compare_pair, i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
         for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
             yield future.result()

@@ -10,14 +10,16 @@ the tables are inline, nothing is fetched from the network.
 from __future__ import annotations
 
 import html
+import operator
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis import interactive, routing, run_view
 from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, run_heatmap
+from msprobe_hooks.analysis.plots import Painter, Point, decode_heatmap, decode_samples, depth, points, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -29,10 +31,11 @@ from msprobe_hooks.analysis.results import (
     PairResult,
     Status,
     Verdict,
-    module_columns,
+    module_row_values,
 )
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
+from msprobe_hooks.analysis.table import Table
 
 PLOT = "error_by_depth.png"
 DECODE_PLOT = "decode_by_token.png"
@@ -85,28 +88,13 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     return f"{Verdict.NOTHING_COMPARED}: no tensor of any pair could be compared"
 
 
-def _float(value: float) -> str:
-    return f"{value:.3g}"
-
-
-def _markdown_table(frame: Any) -> str:
-    """A small DataFrame as a Markdown table (pandas' to_markdown needs tabulate, which msprobe does not bring)."""
-    import pandas
-
-    cells = frame.map(lambda v: "" if pandas.isna(v) else _float(v) if isinstance(v, float) else str(v))
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    rule = "|" + "---|" * len(frame.columns)
-    return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in cells.itertuples(index=False))])
-
-
 def _pair_label(r: PairResult) -> str:
     return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
 
 
-def sample_table(samples: Sequence[SampleCause]) -> Any:
+def sample_table(samples: Sequence[SampleCause]) -> Table:
     """``samples.csv``: per sample its gap (``logprob_gap.jsonl``), the first divergence at prefill and at the
     decode tokens, and on which path."""
-    import pandas
 
     def first(r: PairResult | None) -> str:
         if r is None or not r.compared:
@@ -130,26 +118,28 @@ def sample_table(samples: Sequence[SampleCause]) -> Any:
                 "path": s.path.value if s.path else "",
             }
         )
-    return pandas.DataFrame(records)
+    return Table(records)
 
 
-def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Any, Any]:
-    """``modules.csv`` and ``pairs.csv`` as DataFrames (columns: the fields of the row types).
+_PAIR_ORDER = operator.attrgetter("pair", "order")
+
+
+def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Table, Table]:
+    """``modules.csv`` (in pair, then model order) and ``pairs.csv`` (columns: the fields of the row types).
 
     The optional columns (``message``: why a pair failed; the routing comparison's) are columns of ``pairs.csv``
     only when some pair has a value there.
     """
-    import pandas
-
-    table = pandas.DataFrame(module_columns(rows), columns=list(MODULE_COLUMNS))
-    table = table.sort_values(["pair", "order"], kind="stable")
+    ordered_rows = sorted(rows, key=_PAIR_ORDER)  # stable: keys of one tensor keep their order
+    columns = zip(*map(module_row_values, ordered_rows), strict=True) if ordered_rows else [() for _ in MODULE_COLUMNS]
+    table = Table.of_columns(MODULE_COLUMNS, list(columns))
     ordered = sorted(results, key=lambda r: r.pair)
     columns = [
         c
         for c in PAIR_RESULT_COLUMNS
         if c not in OPTIONAL_PAIR_COLUMNS or any(getattr(r, c) not in (None, "") for r in ordered)
     ]
-    return table, pandas.DataFrame([r.record() for r in ordered], columns=columns)
+    return table, Table([r.record() for r in ordered], columns)
 
 
 @dataclass
@@ -217,8 +207,8 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     return lines
 
 
-def _table_html(frame: Any) -> str:
-    return frame.dropna(axis=1, how="all").to_html(index=False, na_rep="", float_format=_float)
+def _table_html(table: Table) -> str:
+    return table.without_empty_columns().html()
 
 
 def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> str:
@@ -228,16 +218,17 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     os.makedirs(folder, exist_ok=True)
     results = found.results
     table, pair_table = tables(results, found.rows)
-    table.to_csv(os.path.join(folder, "modules.csv"), index=False)
-    pair_table.to_csv(os.path.join(folder, "pairs.csv"), index=False)
-    painter.draw(depth, found.rows, results, threshold, os.path.join(folder, PLOT))
-    figures = [("plot", interactive.depth(table, results, threshold))]
+    table.to_csv(os.path.join(folder, "modules.csv"))
+    pair_table.to_csv(os.path.join(folder, "pairs.csv"))
+    compared = points(found.rows)  # what the figures need of the rows, all the painter's process is sent
+    painter.draw(depth, compared, results, threshold, os.path.join(folder, PLOT))
+    figures = [("plot", interactive.depth(found.rows, results, threshold))]
     sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
     if found.samples:
-        decode_figure = interactive.decode(table, found.samples)
+        decode_figure = interactive.decode(found.rows, found.samples)
         if decode_figure is not None:
             figures.append(("decode", decode_figure))
-        sections.append(_symptom_section(folder, found, painter))
+        sections.append(_symptom_section(folder, found, compared, painter))
     if found.steps:
         figures.append(("run", interactive.run(found.steps)))
         sections.append(_run_section(folder, found.steps, painter))
@@ -249,7 +240,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     headline = overall(results, threshold)
     ordered = sorted(results, key=lambda r: r.pair)
     failed = [r for r in ordered if r.verdict is Verdict.FAILED]
-    counts = table["status"].value_counts().to_dict() if not table.empty else {}
+    counts = Counter(s for s in table.column("status") if s is not None)
     notes = [
         f"Threshold: relative error {threshold:g} {THRESHOLD_OF}; {MEAN_NOT_THRESHOLDED}.",
         "Rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ". Unmatched rows are never a pass.",
@@ -259,7 +250,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
         out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
         out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
-        out.write(_markdown_table(pair_table[SUMMARY_COLUMNS]) + "\n\n")
+        out.write(pair_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
         for r in failed:
             out.write(f"- pair {r.pair}: {r.message}\n")
         out.write("".join(markdown for markdown, _ in sections))
@@ -267,9 +258,12 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
 
     details = []
     # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-    shown = {pair: rows for pair, rows in table[table["status"] != Status.NOT_COMPARABLE.value].groupby("pair")}
+    shown: dict[Any, list[int]] = {}  # pair -> its rows of the table
+    for i, (pair, status) in enumerate(zip(table.column("pair"), table.column("status"), strict=True)):
+        if status != Status.NOT_COMPARABLE.value:
+            shown.setdefault(pair, []).append(i)
     for r in ordered:
-        mine = shown.get(r.pair, table.iloc[:0]).dropna(axis=1, how="all").drop(columns=["pair"], errors="ignore")
+        mine = table.take(shown.get(r.pair, [])).drop("pair")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"
@@ -291,7 +285,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 {fragments["plot"]}
 {"".join(part.replace(FIGURE, fragments.get(name, "")) for _, (name, part) in sections)}
 <h2>Pairs</h2>
-{pair_table[SUMMARY_COLUMNS].to_html(index=False, na_rep="", float_format=_float)}
+{pair_table.select(SUMMARY_COLUMNS).html()}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
 {"".join(details)}
@@ -307,20 +301,22 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
 
 
-def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str, tuple[str, str]]:
+def _symptom_section(
+    folder: str, found: Answer, compared: Sequence[Point], painter: Painter
+) -> tuple[str, tuple[str, str]]:
     """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
     samples = found.samples
     frame = sample_table(samples)
-    frame.to_csv(os.path.join(folder, SAMPLES), index=False)
+    frame.to_csv(os.path.join(folder, SAMPLES))
     figure = bool(decode_samples(samples))
     if figure:
-        painter.draw(decode_heatmap, found.rows, samples, os.path.join(folder, DECODE_PLOT))
+        painter.draw(decode_heatmap, compared, samples, os.path.join(folder, DECODE_PLOT))
     verdict = path_verdict(samples)
     markdown = (
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
         "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
         "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
-        f"All of it: `{SAMPLES}`.\n\n{_markdown_table(frame.dropna(axis=1, how='all'))}\n"
+        f"All of it: `{SAMPLES}`.\n\n{frame.without_empty_columns().markdown()}\n"
         + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if figure else "")
     )
     page = f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
@@ -329,13 +325,10 @@ def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str,
 
 def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tuple[str, tuple[str, str]]:
     """``steps.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``run``)."""
-    import pandas
-
-    tidy = pandas.DataFrame(run_view.tidy(views), columns=["global_step", "scalar", "layer", "value"])
-    tidy.to_csv(os.path.join(folder, STEPS), index=False)
+    Table(run_view.tidy(views), ["global_step", "scalar", "layer", "value"]).to_csv(os.path.join(folder, STEPS))
     painter.draw(run_heatmap, views, os.path.join(folder, RUN_PLOT))
     verdict = run_view.run_verdict(views)
-    frame = pandas.DataFrame(
+    frame = Table(
         [
             {
                 "global_step": v.global_step,
@@ -353,7 +346,7 @@ def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tu
         f"\n## The run\n\n**{verdict}**\n\nPer global step: the verdict over its pairs, its first divergence, the "
         "largest error, and the token gap of its samples (verl's rollout_probs_diff_*, the log-prob gap). Every "
         f"scalar, per layer too: `{STEPS}` (and `compare --tensorboard DIR`).\n\n"
-        f"{_markdown_table(frame.dropna(axis=1, how='all'))}\n\n![the run]({RUN_PLOT})\n"
+        f"{frame.without_empty_columns().markdown()}\n\n![the run]({RUN_PLOT})\n"
     )
     page = f"<h2>The run</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
     return markdown, ("run", page)

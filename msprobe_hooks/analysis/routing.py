@@ -307,12 +307,14 @@ def describe(result: PairResult) -> str:
 
 
 def by_layer(results: Sequence[PairResult]) -> Any:
-    """Per layer over every pair: tokens, flipped, their share, within noise (a DataFrame; empty without routing)."""
-    import pandas
+    """Per layer over every pair: tokens, flipped, their share, within noise (a DataFrame; None without routing).
 
+    pandas is imported only for MoE pairs: a dense model's report does without it (``analysis/table.py``)."""
     rows = [r.record() for result in results for r in result.routing if r.status is Status.COMPARED]
     if not rows:
-        return pandas.DataFrame()
+        return None
+    import pandas
+
     frame = pandas.DataFrame(rows).groupby("layer", as_index=False)[["tokens", "flipped", "within_noise"]].sum()
     frame.insert(3, "share", frame["flipped"] / frame["tokens"])
     frame["beyond_noise"] = frame["flipped"] - frame["within_noise"]
@@ -322,7 +324,7 @@ def by_layer(results: Sequence[PairResult]) -> Any:
 def headline(results: Sequence[PairResult]) -> str:
     """One sentence over every pair: where routing first diverges, or that it agrees (noise flips counted)."""
     frame = by_layer(results)
-    if frame.empty:
+    if frame is None:
         reasons = {r.reason for result in results for r in result.routing if r.reason}
         return "routing not compared: " + "; ".join(sorted(reasons)) if reasons else ""
     flipped = frame[frame["flipped"] > 0]
@@ -354,13 +356,13 @@ def section(folder: str, results: Sequence[PairResult]) -> tuple[str, str] | Non
     """``routing.csv`` written; the report's routing section as (Markdown, HTML); None for dense models."""
     import html
 
-    import pandas
-
     from msprobe_hooks.analysis.results import ROUTING_COLUMNS
 
     records = [r.record() for result in results for r in result.routing]
     if not records:
         return None
+    import pandas
+
     pandas.DataFrame(records, columns=list(ROUTING_COLUMNS)).to_csv(os.path.join(folder, ROUTING_CSV), index=False)
     verdict = headline(results)
     frame = by_layer(results)
@@ -372,7 +374,7 @@ def section(folder: str, results: Sequence[PairResult]) -> tuple[str, str] | Non
     )
     markdown = f"\n## Routing\n\n**{verdict}**\n\n{explained}\n\n"
     page = f"<h2>Routing</h2><p><strong>{html.escape(verdict)}</strong></p><p>{html.escape(explained)}</p>"
-    if not frame.empty:
+    if frame is not None:
         shown = frame.assign(share=frame["share"].map(lambda v: f"{v:.1%}"))
         header = "| " + " | ".join(shown.columns) + " |\n|" + "---|" * len(shown.columns) + "\n"
         markdown += header + "".join("| " + " | ".join(map(str, row)) + " |\n" for row in shown.itertuples(index=False))

@@ -175,7 +175,7 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
             request_id=None if firsts[i] is None else str(firsts[i]),
             request_ids=_request_ids(every[i] if every[i] is not None else firsts[i]),
             prompt_len=lengths[i],
-            prompt_hash=join_keys.prompt_hash(sequences[i][: lengths[i]].tolist()),
+            prompt_hash=join_keys.tensor_prompt_hash(sequences[i][: lengths[i]]),
             seq_len=seq_lens[i],
             response_len=seq_lens[i] - lengths[i],
             offset=offsets[i],

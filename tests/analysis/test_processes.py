@@ -8,6 +8,7 @@ the painter's process fails the command as it would in this one.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ def test_a_pool_and_the_painter_give_the_report_of_one_process(tmp_path):
     pairs_file = many_pairs(tmp_path, copies)
     assert main(["compare", str(pairs_file), "-o", str(tmp_path / "one"), "--jobs", "1"]) == 0
     assert main(["compare", str(pairs_file), "-o", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    assert gc.isenabled()  # compare turns the collector off while it runs, and on again
     for name in TABLES:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     for name in FIGURES:

@@ -142,6 +142,27 @@ def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Ta
     return table, Table([r.record() for r in ordered], columns)
 
 
+# The page shows each pair's tensors for this many pairs at most (a thousand pairs' tables are ~300 MB of HTML, more
+# than a browser opens): the pairs that diverge or failed first, then the others, in pair order; modules.csv has all.
+DETAILED_PAIRS = 200
+
+
+def detailed_pairs(ordered: Sequence[PairResult]) -> list[PairResult]:
+    """The pairs whose tensors the page lists (:data:`DETAILED_PAIRS` at most), in pair order."""
+    if len(ordered) <= DETAILED_PAIRS:
+        return list(ordered)
+    first = [r for r in ordered if r.verdict is not Verdict.NO_DIVERGENCE]
+    chosen = {r.pair for r in (first + [r for r in ordered if r.verdict is Verdict.NO_DIVERGENCE])[:DETAILED_PAIRS]}
+    return [r for r in ordered if r.pair in chosen]
+
+
+def _left_out(ordered: Sequence[PairResult], detailed: Sequence[PairResult]) -> str:
+    left = len(ordered) - len(detailed)
+    if not left:
+        return ""
+    return f" Listed here: {len(detailed)} of {len(ordered)} pairs (the diverging and failed first); {left} more in it."
+
+
 @dataclass
 class Answer:
     """What ``compare`` found: the pairs' verdicts and rows, and, where the pairs allow, per sample the cause of
@@ -262,7 +283,8 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     for i, (pair, status) in enumerate(zip(table.column("pair"), table.column("status"), strict=True)):
         if status != Status.NOT_COMPARABLE.value:
             shown.setdefault(pair, []).append(i)
-    for r in ordered:
+    detailed = detailed_pairs(ordered)
+    for r in detailed:
         mine = table.take(shown.get(r.pair, [])).drop("pair")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
@@ -271,6 +293,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
             f"<code>{html.escape(r.generate_dump)}</code></p>{body}"
             "</details>"
         )
+    left_out = _left_out(ordered, detailed)
     painter.finish()  # the PNGs are on disk before the page links them
     written = [f for f in REPORT_FILES if os.path.exists(os.path.join(folder, f))]
     page = f"""<!DOCTYPE html>
@@ -287,7 +310,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 <h2>Pairs</h2>
 {pair_table.select(SUMMARY_COLUMNS).html()}
 <h2>Compared and unmatched tensors, per pair</h2>
-<p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.</p>
+<p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.{left_out}</p>
 {"".join(details)}
 <p>Files: {", ".join(f'<a href="{f}">{f}</a>' for f in written)}.</p>
 </body></html>

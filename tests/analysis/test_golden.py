@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas
 import pytest
 from support import golden
+from support.compare_runs import raw_pairs, write_raw
 from support.pages import offline
 
 from msprobe_hooks.analysis import names, pairs
@@ -191,6 +192,22 @@ def test_report_columns_are_the_row_types_fields(tmp_path):
     assert set(rows["status"]) <= {s.value for s in Status}
     page = (tmp_path / "report" / "index.html").read_text()
     assert offline(page)
+
+
+def test_a_long_run_page_lists_the_diverging_pairs_first_and_says_how_many_it_left_out(tmp_path, monkeypatch):
+    from msprobe_hooks.analysis import report
+
+    clean = raw_pairs(pairs_file(tmp_path, "fsdp2/actor", "vllm/generate"))
+    faulty = raw_pairs(pairs_file(tmp_path, "fsdp2/actor", "vllm_perturbed/generate"))
+    both = tmp_path / "both.jsonl"
+    write_raw([{**record, "pair": i} for i, record in enumerate(clean + faulty)], both)  # 0-1 clean, 2-3 diverge
+    monkeypatch.setattr(report, "DETAILED_PAIRS", 3)
+    results, _ = compare(both, tmp_path / "report")
+    assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2 + [Verdict.DIVERGES.value] * 2
+    page = (tmp_path / "report" / "index.html").read_text()
+    listed = [int(part.split(" ", 1)[0]) for part in page.split("<details><summary>pair ")[1:]]
+    assert listed == [0, 2, 3]  # both diverging pairs, then the first clean one, in pair order
+    assert "Listed here: 3 of 4 pairs (the diverging and failed first); 1 more in it." in page
 
 
 def test_tensor_mode_pairs_compare_tensors(tmp_path):

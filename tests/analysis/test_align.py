@@ -28,7 +28,7 @@ from support.interpreter import clean_env
 from cpu_kit import verl_cpu  # the demo's samples: the prompts the training side dumped
 from msprobe_hooks.analysis import logs
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import PROMPT_HASH_VERSION, prompt_hash, versioned_hash
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -268,7 +268,7 @@ def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path):
     gen.step(3, [full_prefill(SAMPLES[2], request_id=None)])
     status, out, err, found = align(training, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
-    assert keys(found) == [("prompt_hash", prompt_hash(SAMPLES[2].prompt), 2, 3, 0)]
+    assert keys(found) == [("prompt_hash", f"{prompt_hash(SAMPLES[2].prompt)}/v2", 2, 3, 0)]
     assert table(out) == {"ambiguous hash": (2, 3), "no counterpart": (1, 0)}
 
 
@@ -356,14 +356,16 @@ def test_ranks_fsdp_and_megatron(training, gen, tmp_path):
             gen.step(n, [full_prefill(sample)], pid=pid, rank=rank)
     status, out, err, found = align(train, gen.root, tmp_path / "pairs.jsonl")
     assert status == 0, err
+    # One engine at TP 2 (FSDP): each sample with every rank of it, the lowest first; no copy left unpaired.
     assert [(p["key"], p["train"]["rank"], p["generate"]["rank"], p["generate"]["pid"]) for p in found] == [
         ("req-uid-0", 0, 0, 500),
         ("req-uid-1", 0, 0, 500),
-        ("req-uid-2", 1, 1, 501),
-        ("req-uid-3", 1, 1, 501),
+        ("req-uid-2", 1, 0, 500),
+        ("req-uid-3", 1, 0, 500),
     ]
-    assert {p["rank_rule"] for p in found} == {"same"}
-    assert table(out) == {"replica": (0, 4)}
+    assert {p["rank_rule"] for p in found} == {"all_ranks"}
+    assert {tuple((s["rank"], s["pid"]) for s in p["generate"]["shards"]) for p in found} == {((0, 500), (1, 501))}
+    assert table(out) == {}
 
     # Generate TP = 1 on a 2-card FSDP job: rank 1's samples were prefilled by rank 0.
     shutil.rmtree(gen.root / "501")
@@ -547,7 +549,9 @@ def test_decode_lines_read_without_json_agree_with_json(tmp_path):
         scanned[1]
         == parsed[1]
         == logs.DecodeStep(
-            False, ["req-uid-0", 'quote"and\\slash'], [prompt_hash(SAMPLES[0].prompt), prompt_hash(odd.prompt)]
+            False,
+            ["req-uid-0", 'quote"and\\slash'],
+            [versioned_hash(prompt_hash(s.prompt), PROMPT_HASH_VERSION) for s in (SAMPLES[0], odd)],
         )
     )
     for read, whole in zip([scanned[i] for i in (0, 2, 3)], [parsed[i] for i in (0, 2, 3)], strict=True):

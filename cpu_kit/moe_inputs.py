@@ -85,35 +85,24 @@ def _build(path: str, seed: int, kind: str, layers: int) -> str:
         return path
     verl_cpu.write_tokenizer(path)
     common = _common(verl_cpu.VOCAB_SIZE, verl_cpu.PAD_TOKEN_ID, verl_cpu.EOS_TOKEN_ID)
+    experts = dict(  # both MoE kinds: every layer sparse, the top-k weights normalised
+        intermediate_size=2 * HIDDEN,
+        moe_intermediate_size=MOE_INTERMEDIATE,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=layers,
+    )
     if kind == "qwen3":
         config, cls = Qwen3Config(intermediate_size=2 * HIDDEN, num_hidden_layers=layers, **common), Qwen3ForCausalLM
     elif kind == "qwen2_moe":
         common.pop("head_dim")  # Qwen2: hidden / heads
-        config = Qwen2MoeConfig(
-            intermediate_size=2 * HIDDEN,
-            moe_intermediate_size=MOE_INTERMEDIATE,
-            shared_expert_intermediate_size=2 * MOE_INTERMEDIATE,
-            num_experts=EXPERTS,
-            num_experts_per_tok=TOP_K,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            num_hidden_layers=layers,
-            **common,
-        )
+        config = Qwen2MoeConfig(shared_expert_intermediate_size=2 * MOE_INTERMEDIATE, **experts, **common)
         cls = Qwen2MoeForCausalLM
     else:
-        config = Qwen3MoeConfig(
-            intermediate_size=2 * HIDDEN,
-            moe_intermediate_size=MOE_INTERMEDIATE,
-            num_experts=EXPERTS,
-            num_experts_per_tok=TOP_K,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            num_hidden_layers=layers,
-            **common,
-        )
+        config = Qwen3MoeConfig(**experts, **common)
         cls = Qwen3MoeForCausalLM
     torch.manual_seed(seed)
     model = cls(config)

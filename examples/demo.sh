@@ -12,22 +12,7 @@
 #    venv only): prefill clean, a gap on the response tokens, decode pairs naming the module.
 # The engines' own output goes to OUT_DIR/logs/, the terminal gets the answers.
 set -euo pipefail
-train_bin=$(realpath "$1")
-vllm_bin=$(realpath "$2")
-cd "$(dirname "$0")"
-out=$(realpath -m "${3:-msprobe_dump}")
-rm -rf "$out" && mkdir -p "$out/logs"
-rpc=$(mktemp -d) && trap 'rm -rf "$rpc"' EXIT # vLLM's IPC sockets, cleaned
-
-quietly() { # run a step with its output in a log file; on failure show the end of it
-	local log=$out/logs/$1.log
-	shift
-	"$@" >"$log" 2>&1 || {
-		tail -n 40 "$log"
-		echo "failed: see $log" >&2
-		return 1
-	}
-}
+DEMO_OUT=msprobe_dump source "$(dirname "$0")/demo_lib.sh"
 
 answer() { # align + compare one act's dumps: ACT TRAIN_ROOT GENERATE_ROOT [compare options]
 	local act=$out/$1 train=$2 generate=$3

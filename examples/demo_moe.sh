@@ -8,18 +8,7 @@
 # parallel 2 on the clean checkpoint.
 #   bash examples/demo_moe.sh TRAIN_VENV_BIN VLLM_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump/moe)
 set -euo pipefail
-train_bin=$(realpath "$1")
-vllm_bin=$(realpath "$2")
-cd "$(dirname "$0")"
-out=$(realpath -m "${3:-msprobe_dump/moe}")
-rm -rf "$out" && mkdir -p "$out/logs"
-rpc=$(mktemp -d) && trap 'rm -rf "$rpc"' EXIT  # vLLM's IPC sockets, cleaned
-
-quietly() {  # run a step with its output in a log file; on failure show the end of it
-	local log=$out/logs/$1.log
-	shift
-	"$@" >"$log" 2>&1 || { tail -n 40 "$log"; echo "failed: see $log" >&2; return 1; }
-}
+DEMO_OUT=msprobe_dump/moe source "$(dirname "$0")/demo_lib.sh"
 
 echo "== inputs: a tiny random Qwen3-MoE (3 layers of 8 experts, top 2), a copy with a router fault, four prompts"
 PYTHONPATH=.. "$train_bin/python" -m cpu_kit.moe_inputs "$out/inputs" | grep -E "^(moe|moe-router):"

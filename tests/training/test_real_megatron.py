@@ -216,8 +216,8 @@ def test_pipeline_parallel_2_dumps_on_the_last_stage_only(runs) -> None:
         assert EMBEDDING not in dump  # the last stage holds the last layer, as its own layers.0
         trimmed = line["phase"] == "log_prob"
         want = [expected_sample(i, offset=None) for i in ((0, 1) if line["micro_batch"] == 0 else (2, 3))]
-        if trimmed:  # the trim leaves each sample its prompt alone
-            want = [{**sample, "seq_len": sample["prompt_len"]} for sample in want]
+        if trimmed:  # the trim leaves each sample its prompt alone: no response in the batch
+            want = [{**sample, "seq_len": sample["prompt_len"], "response_len": 0} for sample in want]
         assert sample_fields(line) == want
         assert _shape(dump[FIRST_NORM]) == [max(prompt_lens) if trimmed else PADDED, 2, HIDDEN]
         assert _has_backward(dump) == (not trimmed)

@@ -93,6 +93,7 @@ from support.compare_runs import (  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
 
 from cpu_kit import verl_cpu  # noqa: E402
+from cpu_kit.moe_inputs import perturb_weight  # noqa: E402
 
 PROMPTS = [
     [5, 17, 42, 9, 77, 23],
@@ -170,17 +171,6 @@ def fsdp1_name(name: str) -> str:
     return f"{head}.{'.'.join(parts)}"
 
 
-def _perturb(model: Path, copy: Path, weight: str, factor: float) -> Path:
-    """A copy of ``model`` with ``weight`` scaled by ``factor``."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(model, copy, dirs_exist_ok=True)
-    weights = load_file(os.fspath(model / "model.safetensors"))
-    weights[weight] = weights[weight] * factor
-    save_file(weights, os.fspath(copy / "model.safetensors"), metadata={"format": "pt"})
-    return copy
-
-
 def _prompts(path: Path, prompts: list[list[int]]) -> Path:
     path.write_text(
         "".join(json.dumps({"request_id": f"req-{i}", "prompt_token_ids": p}) + "\n" for i, p in enumerate(prompts))
@@ -205,7 +195,7 @@ VERDICT_CASES = (
 
 def _namings(work: Path, out: Path) -> None:
     model = Path(verl_cpu.build_model_dir(os.fspath(work / "model"), layers=2, hidden=64))
-    perturbed = _perturb(model, work / "perturbed", *PERTURBED)
+    perturbed = perturb_weight(model, work / "perturbed", *PERTURBED)
     prompts = _prompts(work / "prompts.jsonl", PROMPTS)
     stats = msprobe_config(work / "statistics.json")
     tensor = msprobe_config(work / "tensor.json", task="tensor")
@@ -230,7 +220,7 @@ def _verdict(work: Path, out: Path) -> None:
     stats = msprobe_config(work / "statistics.json")
     _copy_tree(run_training(work / "train", model, prompts, stats), out / "verdict" / "actor")
     for name, dtype, weight, factor in VERDICT_CASES:
-        weights = _perturb(model, work / name, weight, factor) if weight else model
+        weights = perturb_weight(model, work / name, weight, factor) if weight else model
         _copy_tree(run_vllm(work / f"{name}-run", weights, prompts, stats, dtype), out / "verdict" / name / "generate")
 
 
@@ -345,9 +335,9 @@ REPLICAS = {"a": (1, (0, 2)), "b": (2, (1, 3))}  # replica -> (its TP size, the 
 
 def _scaled(model: Path, copy: Path, weights: tuple[str, ...], factor: float) -> Path:
     """A copy of ``model`` with each of ``weights`` scaled by ``factor``."""
-    _perturb(model, copy, weights[0], factor)
+    perturb_weight(model, copy, weights[0], factor)
     for weight in weights[1:]:
-        _perturb(copy, copy.with_name(f"{copy.name}.next"), weight, factor)
+        perturb_weight(copy, copy.with_name(f"{copy.name}.next"), weight, factor)
         shutil.rmtree(copy)
         copy.with_name(f"{copy.name}.next").rename(copy)
     return copy
@@ -396,7 +386,7 @@ MOE_ROUTER_SHARE = 0.3  # of the golden prompts' 10 tokens
 
 
 def _qwen3(work: Path, out: Path) -> None:
-    from cpu_kit.moe_inputs import QWEN3_NUMERIC_FAULT, build_qwen3_dir, perturb_weight
+    from cpu_kit.moe_inputs import QWEN3_NUMERIC_FAULT, build_qwen3_dir
 
     model = Path(build_qwen3_dir(os.fspath(work / "model")))
     fault = perturb_weight(model, work / "k_norm", *QWEN3_NUMERIC_FAULT)
@@ -417,7 +407,6 @@ def _moe(work: Path, out: Path) -> None:
         MOE_NUMERIC_FAULT,
         ROUTER_FAULT_FILE,
         build_qwen3_moe_dir,
-        perturb_weight,
         plant_router_fault,
     )
 

@@ -151,8 +151,8 @@ def detailed_pairs(ordered: Sequence[PairResult]) -> list[PairResult]:
     """The pairs whose tensors the page lists (:data:`DETAILED_PAIRS` at most), in pair order."""
     if len(ordered) <= DETAILED_PAIRS:
         return list(ordered)
-    first = [r for r in ordered if r.verdict is not Verdict.NO_DIVERGENCE]
-    chosen = {r.pair for r in (first + [r for r in ordered if r.verdict is Verdict.NO_DIVERGENCE])[:DETAILED_PAIRS]}
+    clean_last = sorted(ordered, key=lambda r: r.verdict is Verdict.NO_DIVERGENCE)  # stable: pair order kept
+    chosen = {r.pair for r in clean_last[:DETAILED_PAIRS]}
     return [r for r in ordered if r.pair in chosen]
 
 

@@ -103,10 +103,11 @@ demo-moe: install install-vllm
 chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
+# Two workers, a test file to each at a time (tests/conftest.py: engine files first, the real-size model alone).
 test: install install-megatron install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The in-process tier (markers in pyproject.toml): no engine, no fresh interpreter; analysis on tests/golden.
 test-fast: install

@@ -1,11 +1,71 @@
-"""Fixtures and hooks only; the helpers the tests share are in ``tests/support/``."""
+"""Fixtures and hooks only; the helpers the tests share are in ``tests/support/``.
+
+``make test`` runs the suite in two pytest-xdist workers, a file to a worker (``--dist loadfile``: a module's
+engine runs are made once). The files that run engines are handed out first, so that the in-process tests fill
+the end of the run; a test marked ``alone`` (the real-size model) runs with no other engine test beside it.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+from faults import fault_matrix
+
+# Locked by every engine test, shared, and exclusively by an ``alone`` one: one file for the machine, so that the
+# workers of a session (and any other session here) see the same lock.
+ENGINE_LOCK = Path(tempfile.gettempdir()) / "msprobe-hooks-tests-engines.lock"
+
+
+@pytest.hookimpl(trylast=True)  # after tests/faults/conftest.py marks its files
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that run an engine first (in collection order), then the others: a stable sort by file."""
+    engine_files = {item.path for item in items if item.get_closest_marker("engine")}
+    items.sort(key=lambda item: item.path not in engine_files)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """An engine test (its setup and teardown, where module fixtures start and stop engines, included) holds the
+    session's engine lock: shared, or exclusive when marked ``alone``."""
+    if not item.get_closest_marker("engine"):
+        return (yield)
+    with open(ENGINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker hands its fault-matrix cells to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fault_matrix"] = fault_matrix.exported()
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the controller, as each worker ends
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    fault_matrix.merge(node.workeroutput.get("fault_matrix", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fault matrix, and docs/reliability.md written when the whole matrix ran (a partial selection prints what
+    ran and leaves the file alone)."""
+    if not fault_matrix.RESULTS:
+        return
+    terminalreporter.section("fault matrix (tests/faults)")
+    terminalreporter.write_line(fault_matrix.table())
+    if fault_matrix.ran_whole():
+        fault_matrix.write_doc()
+        terminalreporter.write_line(f"written to {fault_matrix.RELIABILITY_DOC}")
+    else:
+        where = fault_matrix.RELIABILITY_DOC
+        terminalreporter.write_line(f"not the whole matrix (or a cell failed): {where} left as it is")
 
 
 @pytest.fixture

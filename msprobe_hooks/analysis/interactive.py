@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from msprobe_hooks.analysis.plots import FLOOR
@@ -116,18 +116,18 @@ def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: f
     return {"data": traces, "layout": layout}
 
 
-def decode(rows: Sequence[ModuleRow], samples: Sequence[SampleCause], most: int = 6) -> Any | None:
-    """Error by decode token and decoder layer, a heatmap per sample; hover: token, layer, error."""
+def decode(
+    layer_errors: Mapping[int, Mapping[int, float]], samples: Sequence[SampleCause], most: int = 6
+) -> Any | None:
+    """Error by decode token and decoder layer, a heatmap per sample; hover: token, layer, error. ``layer_errors``:
+    per pair the largest error of each decoder layer (``RowStore.layer_errors``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     shown = [s for s in samples if any(r.compared for r in s.decode)][:most]
     if not shown:
         return None
-    largest: dict[tuple[int | None, int], float] = {}  # (pair, layer) -> the largest error of its compared rows
-    for r in rows:
-        if r.status is Status.COMPARED and r.layer is not None and r.error is not None and not math.isnan(r.error):
-            largest[r.pair, r.layer] = max(largest.get((r.pair, r.layer), r.error), r.error)
+    largest = {(pair, layer): error for pair, errors in layer_errors.items() for layer, error in errors.items()}
     figure = make_subplots(rows=1, cols=len(shown), subplot_titles=[f"{s.key} (step {s.global_step})" for s in shown])
     for col, sample in enumerate(shown, 1):
         pairs = [r.pair for r in sample.decode if r.compared]

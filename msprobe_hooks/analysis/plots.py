@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, NamedTuple
 
@@ -119,16 +119,14 @@ def decode_samples(samples: Sequence[SampleCause]) -> list[SampleCause]:
     return [s for s in samples if any(r.compared for r in s.decode)][:MOST_SAMPLES]
 
 
-def decode_heatmap(compared: Sequence[Point], samples: Sequence[SampleCause], path: str) -> None:
+def decode_heatmap(layer_errors: Mapping[int, Mapping[int, float]], samples: Sequence[SampleCause], path: str) -> None:
     """Error by decode token (x) and decoder layer (y), one panel per sample of :func:`decode_samples`: the
-    largest error among a layer's compared tensors, log scale."""
+    largest error among a layer's compared tensors (``layer_errors``: per pair, ``RowStore.layer_errors``), log
+    scale."""
     import numpy
 
     shown = decode_samples(samples)
-    largest: dict[tuple[int, int], float] = {}  # (pair, layer) -> its largest error
-    for r in compared:
-        if r.layer is not None:
-            largest[r.pair, r.layer] = max(largest.get((r.pair, r.layer), 0.0), float(r.error))
+    largest = {(pair, layer): error for pair, errors in layer_errors.items() for layer, error in errors.items()}
     top = max(max(largest.values(), default=1e-6), 1e-6)
     figure = _figure(figsize=(3.2 * len(shown) + 1, 3.6))
     axes = figure.subplots(1, len(shown), squeeze=False)

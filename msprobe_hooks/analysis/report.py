@@ -10,16 +10,14 @@ the tables are inline, nothing is fetched from the network.
 from __future__ import annotations
 
 import html
-import operator
 import os
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis import interactive, routing, run_view
 from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import Painter, Point, decode_heatmap, decode_samples, depth, points, run_heatmap
+from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, points, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -27,12 +25,11 @@ from msprobe_hooks.analysis.results import (
     PAIR_RESULT_COLUMNS,
     THRESHOLD_OF,
     FirstRule,
-    ModuleRow,
     PairResult,
     Status,
     Verdict,
-    module_row_values,
 )
+from msprobe_hooks.analysis.row_store import RowStore
 from msprobe_hooks.analysis.run_view import StepView
 from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
 from msprobe_hooks.analysis.table import Table
@@ -121,29 +118,24 @@ def sample_table(samples: Sequence[SampleCause]) -> Table:
     return Table(records)
 
 
-_PAIR_ORDER = operator.attrgetter("pair", "order")
+def pair_table(results: Sequence[PairResult]) -> Table:
+    """``pairs.csv``, in pair order (columns: the fields of the result type).
 
-
-def tables(results: Sequence[PairResult], rows: Sequence[ModuleRow]) -> tuple[Table, Table]:
-    """``modules.csv`` (in pair, then model order) and ``pairs.csv`` (columns: the fields of the row types).
-
-    The optional columns (``message``: why a pair failed; the routing comparison's) are columns of ``pairs.csv``
-    only when some pair has a value there.
+    The optional columns (``message``: why a pair failed; the routing comparison's) are columns only when some pair
+    has a value there.
     """
-    ordered_rows = sorted(rows, key=_PAIR_ORDER)  # stable: keys of one tensor keep their order
-    columns = zip(*map(module_row_values, ordered_rows), strict=True) if ordered_rows else [() for _ in MODULE_COLUMNS]
-    table = Table.of_columns(MODULE_COLUMNS, list(columns))
     ordered = sorted(results, key=lambda r: r.pair)
     columns = [
         c
         for c in PAIR_RESULT_COLUMNS
         if c not in OPTIONAL_PAIR_COLUMNS or any(getattr(r, c) not in (None, "") for r in ordered)
     ]
-    return table, Table([r.record() for r in ordered], columns)
+    return Table([r.record() for r in ordered], columns)
 
 
-# The page shows each pair's tensors for this many pairs at most (a thousand pairs' tables are ~300 MB of HTML, more
-# than a browser opens): the pairs that diverge or failed first, then the others, in pair order; modules.csv has all.
+# The page shows each pair's tensors, and the depth figures draw its line, for this many pairs at most (a thousand
+# pairs' tables are ~300 MB of HTML, more than a browser opens): the pairs that diverge or failed first, then the
+# others, in pair order; modules.csv has all.
 DETAILED_PAIRS = 200
 
 
@@ -165,31 +157,31 @@ def _left_out(ordered: Sequence[PairResult], detailed: Sequence[PairResult]) -> 
 
 @dataclass
 class Answer:
-    """What ``compare`` found: the pairs' verdicts and rows, and, where the pairs allow, per sample the cause of
-    its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
+    """What ``compare`` found: the pairs' verdicts and rows (on disk), and, where the pairs allow, per sample the
+    cause of its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
 
     results: Sequence[PairResult]
-    rows: Sequence[ModuleRow]
+    store: RowStore
     samples: list[SampleCause] = field(default_factory=list)
     steps: list[StepView] = field(default_factory=list)
 
 
 def answer(
     results: Sequence[PairResult],
-    rows: Sequence[ModuleRow],
+    store: RowStore,
     gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
 ) -> Answer:
-    """The :class:`Answer` of ``results``, with the training side's gap lines (:func:`.symptom.read_gaps`).
+    """The :class:`Answer` of ``results`` and their rows, with the training side's gap lines
+    (:func:`.symptom.read_gaps`).
 
-    Results and rows are put in pair order first: a pool returns them as they complete, and every tie
-    (the largest error of equal pairs) must go the same way whatever the order."""
+    Results are put in pair order first: a pool returns them as they complete, and every tie (the largest error
+    of equal pairs) must go the same way whatever the order."""
     results = sorted(results, key=lambda r: r.pair)
-    rows = sorted(rows, key=lambda r: r.pair)  # stable: each pair's rows keep their model order
     gaps = gaps or {}
     decode = any(r.kind == PairKind.DECODE for r in results)
     samples = causes(results, gaps) if gaps or decode else []
-    views = run_view.steps(results, rows, gaps)
-    return Answer(results, rows, samples, views if run_view.is_run(views) else [])
+    views = run_view.steps(results, store.layer_errors, gaps)
+    return Answer(results, store, samples, views if run_view.is_run(views) else [])
 
 
 def summary_lines(found: Answer, threshold: float) -> list[str]:
@@ -238,18 +230,21 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     painter = painter or Painter(separate_process=False)
     os.makedirs(folder, exist_ok=True)
     results = found.results
-    table, pair_table = tables(results, found.rows)
-    table.to_csv(os.path.join(folder, "modules.csv"))
-    pair_table.to_csv(os.path.join(folder, "pairs.csv"))
-    compared = points(found.rows)  # what the figures need of the rows, all the painter's process is sent
-    painter.draw(depth, compared, results, threshold, os.path.join(folder, PLOT))
-    figures = [("plot", interactive.depth(found.rows, results, threshold))]
+    found.store.write_csv(os.path.join(folder, "modules.csv"))
+    pairs_table = pair_table(results)
+    pairs_table.to_csv(os.path.join(folder, "pairs.csv"))
+    ordered = sorted(results, key=lambda r: r.pair)
+    detailed = detailed_pairs(ordered)
+    rows = found.store.rows(r.pair for r in detailed)  # the only rows read back
+    compared = points(rows)  # what the depth figure needs of the rows, all the painter's process is sent
+    painter.draw(depth, compared, detailed, threshold, os.path.join(folder, PLOT))
+    figures = [("plot", interactive.depth(rows, detailed, threshold))]
     sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
     if found.samples:
-        decode_figure = interactive.decode(found.rows, found.samples)
+        decode_figure = interactive.decode(found.store.layer_errors, found.samples)
         if decode_figure is not None:
             figures.append(("decode", decode_figure))
-        sections.append(_symptom_section(folder, found, compared, painter))
+        sections.append(_symptom_section(folder, found, painter))
     if found.steps:
         figures.append(("run", interactive.run(found.steps)))
         sections.append(_run_section(folder, found.steps, painter))
@@ -259,9 +254,8 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     fragments = interactive.fragments(figures)
 
     headline = overall(results, threshold)
-    ordered = sorted(results, key=lambda r: r.pair)
     failed = [r for r in ordered if r.verdict is Verdict.FAILED]
-    counts = Counter(s for s in table.column("status") if s is not None)
+    counts = found.store.statuses
     notes = [
         f"Threshold: relative error {threshold:g} {THRESHOLD_OF}; {MEAN_NOT_THRESHOLDED}.",
         "Rows: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ". Unmatched rows are never a pass.",
@@ -271,7 +265,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
         out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
         out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
-        out.write(pair_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
+        out.write(pairs_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
         for r in failed:
             out.write(f"- pair {r.pair}: {r.message}\n")
         out.write("".join(markdown for markdown, _ in sections))
@@ -279,13 +273,12 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
 
     details = []
     # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
-    shown: dict[Any, list[int]] = {}  # pair -> its rows of the table
-    for i, (pair, status) in enumerate(zip(table.column("pair"), table.column("status"), strict=True)):
-        if status != Status.NOT_COMPARABLE.value:
-            shown.setdefault(pair, []).append(i)
-    detailed = detailed_pairs(ordered)
+    shown: dict[Any, list[dict[str, Any]]] = {}  # pair -> its rows of the page
+    for row in rows:
+        if row.status is not Status.NOT_COMPARABLE:
+            shown.setdefault(row.pair, []).append(row.record())
     for r in detailed:
-        mine = table.take(shown.get(r.pair, [])).drop("pair")
+        mine = Table(shown.get(r.pair, []), MODULE_COLUMNS).drop("pair")
         body = html.escape(r.message) if r.message is not None else _table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"
@@ -308,7 +301,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 {fragments["plot"]}
 {"".join(part.replace(FIGURE, fragments.get(name, "")) for _, (name, part) in sections)}
 <h2>Pairs</h2>
-{pair_table.select(SUMMARY_COLUMNS).html()}
+{pairs_table.select(SUMMARY_COLUMNS).html()}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.{left_out}</p>
 {"".join(details)}
@@ -324,23 +317,23 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
 FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
 
 
-def _symptom_section(
-    folder: str, found: Answer, compared: Sequence[Point], painter: Painter
-) -> tuple[str, tuple[str, str]]:
+def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str, tuple[str, str]]:
     """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
     samples = found.samples
     frame = sample_table(samples)
     frame.to_csv(os.path.join(folder, SAMPLES))
-    figure = bool(decode_samples(samples))
-    if figure:
-        painter.draw(decode_heatmap, compared, samples, os.path.join(folder, DECODE_PLOT))
+    shown = decode_samples(samples)
+    if shown:  # the painter's process is sent the layer errors of the pairs it draws only
+        drawn = {r.pair for s in shown for r in s.decode}
+        layer_errors = {pair: found.store.layer_errors.get(pair, {}) for pair in drawn}
+        painter.draw(decode_heatmap, layer_errors, samples, os.path.join(folder, DECODE_PLOT))
     verdict = path_verdict(samples)
     markdown = (
         f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
         "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
         "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
         f"All of it: `{SAMPLES}`.\n\n{frame.without_empty_columns().markdown()}\n"
-        + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if figure else "")
+        + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if shown else "")
     )
     page = f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
     return markdown, ("decode", page)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from msprobe_hooks.analysis.table import FLOAT, INT, OBJECT
+
 
 class _Text(str, enum.Enum):
     """A value written into reports as its text: CSV cells, summary lines and pages read the same."""
@@ -133,6 +135,13 @@ class ModuleRow:
 
 
 MODULE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModuleRow))
+# modules.csv's column kinds (table.py's), fixed by the row type so that each pair's lines are written as soon as it
+# is compared (row_store.py): what pandas infers for a whole report. pair and order are always set; a layer is missing
+# outside the decoder layers, which makes its column a float one (3 written 3.0), as pandas writes it.
+MODULE_COLUMN_KINDS: tuple[str, ...] = tuple(
+    INT if f.name in ("pair", "order") else FLOAT if f.name == "layer" or f.type == "float | None" else OBJECT
+    for f in dataclasses.fields(ModuleRow)
+)
 # A row's values in column order (enums as they are), in one call: the report reads millions.
 module_row_values: Callable[[ModuleRow], tuple[Any, ...]] = operator.attrgetter(*MODULE_COLUMNS)
 

@@ -10,12 +10,11 @@ first global step at which any module steps over its pair's noise, and that modu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.results import PairResult, Verdict
 
 # The scalars of a step, as steps.csv and TensorBoard name them (tag: msprobe_hooks/<scalar>[/L<layer>]).
 SCALARS = (
@@ -83,10 +82,11 @@ def _gap(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def steps(
     results: Sequence[PairResult],
-    rows: Sequence[ModuleRow],
+    layer_errors: Mapping[int, Mapping[int, float]],
     gaps: Mapping[tuple[str, Any], Mapping[str, Any]] = {},  # noqa: B006  (read only)
 ) -> list[StepView]:
-    """One :class:`StepView` per global step that has pairs or gap lines, in step order."""
+    """One :class:`StepView` per global step that has pairs or gap lines, in step order; ``layer_errors``: per pair
+    the largest error of each decoder layer (``RowStore.layer_errors``)."""
     views: dict[Any, StepView] = {}
     for r in results:
         view = views.setdefault(r.global_step, StepView(r.global_step))
@@ -100,16 +100,10 @@ def steps(
     for view in views.values():
         measured = view.largest is not None
         view.verdict = Verdict.DIVERGES if view.diverging else Verdict.NO_DIVERGENCE if measured else view.verdict
-    step_of = {r.pair: r.global_step for r in results}
-    for row in rows:
-        if (
-            row.status is Status.COMPARED
-            and row.layer is not None
-            and row.error is not None
-            and not math.isnan(row.error)
-        ):
-            view = views[step_of[row.pair]]
-            view.layer_errors[int(row.layer)] = max(view.layer_errors.get(int(row.layer), 0.0), row.error)
+    for r in results:
+        view = views[r.global_step]
+        for layer, error in layer_errors.get(r.pair, {}).items():
+            view.layer_errors[layer] = max(view.layer_errors.get(layer, 0.0), error)
     by_step: dict[Any, list[Mapping[str, Any]]] = {}
     for (_, global_step), line in gaps.items():
         by_step.setdefault(global_step, []).append(line)

@@ -15,7 +15,7 @@ import enum
 import html
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 # The dtype pandas infers for a column of Python values, as far as it changes what a cell says.
@@ -80,6 +80,11 @@ def _quoted(cells: list[str]) -> list[str]:
     if not any(c in joined for c in _SPECIAL):  # most columns: one scan
         return cells
     return [f'"{c.replace(chr(34), chr(34) * 2)}"' if any(s in c for s in _SPECIAL) else c for c in cells]
+
+
+def csv_header(columns: Sequence[str]) -> str:
+    """The header line of a CSV file of these columns (of two or more), as pandas writes it."""
+    return ",".join(_quoted(list(columns))) + "\n"
 
 
 def float_text(value: float) -> str:
@@ -147,20 +152,31 @@ class Table:
             self._kinds = [_kind(set(map(type, v))) for v in self._values]
         return self._kinds
 
-    def to_csv(self, path: str) -> None:
-        """The table as pandas' ``to_csv(path, index=False)`` writes it."""
-        cells = [csv_cells(v, k) for v, k in zip(self._values, self.kinds(), strict=True)]
+    def to_csv(self, path: str, kinds: Sequence[str] | None = None) -> None:
+        """The table as pandas' ``to_csv(path, index=False)`` writes it; ``kinds``: the columns' kinds, when
+        fixed beforehand (default: what pandas infers from the values)."""
         with open(path, "w", encoding="utf-8", newline="") as out:
             if len(self.columns) < 2:  # the csv module itself: its rules for a row of one field (an empty one is "")
+                cells = [csv_cells(v, k) for v, k in zip(self._values, kinds or self.kinds(), strict=True)]
                 writer = csv.writer(out, lineterminator="\n")
                 writer.writerow(self.columns)
                 writer.writerows(zip(*cells, strict=True) if cells else [[]] * len(self))
                 return
-            cells = [_quoted(c) if k == OBJECT else c for c, k in zip(cells, self.kinds(), strict=True)]
-            out.write(",".join(_quoted(list(self.columns))) + "\n")
-            rows = zip(*cells, strict=True)
-            while chunk := list(itertools.islice(rows, _CHUNK_ROWS)):  # the file is written as it is made
-                out.write("\n".join(map(",".join, chunk)) + "\n")
+            out.write(csv_header(self.columns))
+            for chunk in self._csv_chunks(kinds):  # the file is written as it is made
+                out.write(chunk)
+
+    def csv_body(self, kinds: Sequence[str] | None = None) -> str:
+        """The rows of :meth:`to_csv`, without the header (for a file written a table at a time)."""
+        return "".join(self._csv_chunks(kinds))
+
+    def _csv_chunks(self, kinds: Sequence[str] | None) -> Iterator[str]:
+        kinds = kinds or self.kinds()
+        cells = [csv_cells(v, k) for v, k in zip(self._values, kinds, strict=True)]
+        cells = [_quoted(c) if k == OBJECT else c for c, k in zip(cells, kinds, strict=True)]
+        rows = zip(*cells, strict=True)
+        while chunk := list(itertools.islice(rows, _CHUNK_ROWS)):
+            yield "\n".join(map(",".join, chunk)) + "\n"
 
     def shown(self) -> list[list[str]]:
         """Every row's cells as the Markdown and HTML tables show them."""

@@ -113,32 +113,39 @@ def _no_collector() -> Iterator[None]:
 def _compare(args: argparse.Namespace, pair_list: list[Pair], mapping: str | None, painter: Painter) -> int:
     from msprobe_hooks.analysis import pairs, pool, report, run_view, symptom
     from msprobe_hooks.analysis.results import Verdict
+    from msprobe_hooks.analysis.row_store import RowStore
 
-    results, rows = [], []
+    try:
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as exc:
+        return _fail(f"-o {args.output}: cannot make the report folder ({exc.strerror})")
+    results = []
     if args.ray:
         outcomes = pool.compare_on_ray(pair_list, args.threshold, args.ray, mapping)
     else:
         outcomes = pool.compare_all(pair_list, args.threshold, args.jobs, mapping)
-    try:
-        for result, pair_rows in outcomes:
-            results.append(result)
-            rows.extend(pair_rows)
-    except ImportError as exc:
-        return _fail(f"--ray {args.ray}: cannot import ray ({exc}); install ray")
-    except (ConnectionError, RuntimeError) as exc:
-        if not args.ray:
-            raise
-        return _fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
-    # The logs' paths, like the dumps', may be relative to the pairs file's folder (it moves with the trees).
-    gaps = symptom.read_gaps(symptom.gap_logs(pairs.resolve(p.train.log, args.pairs) for p in pair_list if p.train.log))
-    found = report.answer(results, rows, gaps)
-    written = report.write(args.output, found, args.threshold, painter)
+    with RowStore(args.output) as store:  # each pair's rows on disk as it comes: memory stays flat in them
+        try:
+            for result, packed in outcomes:
+                results.append(result)
+                store.add(packed)
+        except ImportError as exc:
+            return _fail(f"--ray {args.ray}: cannot import ray ({exc}); install ray")
+        except (ConnectionError, RuntimeError) as exc:
+            if not args.ray:
+                raise
+            return _fail(f"--ray {args.ray}: no Ray cluster there ({exc})")
+        # The logs' paths, like the dumps', may be relative to the pairs file's folder (it moves with the trees).
+        logs = symptom.gap_logs(pairs.resolve(p.train.log, args.pairs) for p in pair_list if p.train.log)
+        gaps = symptom.read_gaps(logs)
+        found = report.answer(results, store, gaps)
+        written = report.write(args.output, found, args.threshold, painter)
     for line in report.summary_lines(found, args.threshold):
         print(line)
     if args.tensorboard:
         from msprobe_hooks.analysis import events
 
-        views = found.steps or run_view.steps(results, rows, gaps)
+        views = found.steps or run_view.steps(results, store.layer_errors, gaps)
         print(f"tensorboard: {events.write(args.tensorboard, views)} ({len(views)} global steps)")
     print(f"report: {written}")
     # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.

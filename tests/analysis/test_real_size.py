@@ -15,7 +15,8 @@ from support import REPO
 
 from msprobe_hooks.analysis.results import Verdict
 
-pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+# runs a real engine (make test-fast leaves it out), a real-size one: with no other engine test beside it
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 LAYERS = 2
 

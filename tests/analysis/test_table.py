@@ -12,6 +12,7 @@ import pytest
 from msprobe_hooks.analysis import report
 from msprobe_hooks.analysis.plots import plain_power
 from msprobe_hooks.analysis.results import MODULE_COLUMNS, ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.row_store import RowStore
 from msprobe_hooks.analysis.table import BOOL, FLOAT, INT, OBJECT, Table, column_kind
 
 # Columns of every kind pandas tells apart, with the values that change a cell: missing ones, 3 against 3.0,
@@ -92,7 +93,8 @@ def test_empty_columns_are_dropped_as_pandas_drops_them():
 
 @pytest.mark.parametrize("failed", [False, True])
 def test_the_report_tables_are_pandas_tables_of_the_rows(tmp_path, failed):
-    """modules.csv and pairs.csv of real-looking rows (the results out of pair order, as a pool returns them)."""
+    """modules.csv and pairs.csv of real-looking rows (the results out of pair order, as a pool returns them); the
+    column kinds of modules.csv are fixed by the row type, and come out as pandas infers them for the whole file."""
     rows = [
         ModuleRow(pair=p, order=o, layer=None if o == 0 else o // 10, module=f"layers.{o // 10}.mlp", io="output",
                   status=Status.COMPARED if o % 3 else Status.NOT_COMPARABLE, error=o * 1e-7 or None,
@@ -104,11 +106,15 @@ def test_the_report_tables_are_pandas_tables_of_the_rows(tmp_path, failed):
         PairResult(pair=0, rule="prompt_hash", key="ab/v2", verdict=Verdict.FAILED if failed else Verdict.NO_DIVERGENCE,
                    message="cannot read a dump: x" if failed else None),
     ]  # fmt: skip
-    modules, pair_table = report.tables(results, rows)
+    with RowStore.of_rows(rows, str(tmp_path)) as store:  # each pair's lines written alone, in any order
+        store.write_csv(str(tmp_path / "modules.csv"))
+        assert [(r.pair, r.order) for r in store.rows([1])] == [(1, o) for o in (30, 0, 11, 21)]
     frame = pandas.DataFrame([r.record() for r in rows], columns=list(MODULE_COLUMNS))
     expected = io.StringIO()
-    frame.sort_values(["pair", "order"], kind="stable").to_csv(expected, index=False)
-    assert _ours_csv(modules, tmp_path) == expected.getvalue()
+    frame.sort_values(["pair"], kind="stable").to_csv(expected, index=False)
+    assert (tmp_path / "modules.csv").read_text(encoding="utf-8") == expected.getvalue()
+    assert list(tmp_path.iterdir()) == [tmp_path / "modules.csv"]  # the store's own files are gone
+    pair_table = report.pair_table(results)
     ordered = sorted(results, key=lambda r: r.pair)
     pairs_csv = _pandas_csv([r.record() for r in ordered], pair_table.columns)
     assert _ours_csv(pair_table, tmp_path) == pairs_csv

@@ -1,5 +1,5 @@
-"""The fault suite's summary: the matrix printed at the end of the session, and docs/reliability.md written
-when the whole matrix ran (a partial selection prints what ran and leaves the file alone)."""
+"""The fault suite's marker and the runs its files share (its summary, the matrix, is tests/conftest.py's: the
+process that prints it, pytest-xdist's controller, runs no test)."""
 
 from __future__ import annotations
 
@@ -19,19 +19,6 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if here in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.engine)
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not fault_matrix.RESULTS:
-        return
-    terminalreporter.section("fault matrix (tests/faults)")
-    terminalreporter.write_line(fault_matrix.table())
-    if fault_matrix.ran_whole():
-        fault_matrix.write_doc()
-        terminalreporter.write_line(f"written to {fault_matrix.RELIABILITY_DOC}")
-    else:
-        where = fault_matrix.RELIABILITY_DOC
-        terminalreporter.write_line(f"not the whole matrix (or a cell failed): {where} left as it is")
 
 
 # --- the runs several test files of the suite share ---------------------------------------------

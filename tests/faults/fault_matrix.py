@@ -9,6 +9,7 @@ timings, so it changes only when the matrix does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -127,6 +128,18 @@ def cell(fault: str, *targets: str, strict: bool = False, how: str = "") -> Iter
         _record(fault, targets, run, how, failed=True, strict=False)
         raise
     _record(fault, targets, run, how, failed=False, strict=strict)
+
+
+def exported() -> list[list]:
+    """:data:`RESULTS` as plain lists (what a pytest-xdist worker hands its controller: ``workeroutput``)."""
+    return [[fault, target, dataclasses.astuple(tally)] for (fault, target), tally in RESULTS.items()]
+
+
+def merge(cells: list[list]) -> None:
+    """Add a worker's :func:`exported` cells to this process's :data:`RESULTS` (its controller's)."""
+    for fault, target, values in cells:
+        run = Tally(*values)
+        _record(fault, (target,), run, run.how, failed=run.failed, strict=run.strict)
 
 
 def _record(fault: str, targets: tuple[str, ...], run: Tally, how: str, failed: bool, strict: bool) -> None:

@@ -4,27 +4,33 @@ Three loops of ``cpu_kit/rl_loop.py`` on the demo's model and prompts, each with
 the environment: healthy (two global steps); with a planted sync fault (layer 1's ``down_proj``
 left out of the hand-over from step 2); with the decode-only fault of the kit's vLLM plugin
 (``CPU_KIT_DECODE_FAULT``, one step; tensor mode, and ``DUMP_SEQUENCES=1`` on the training side
-so each response token's rows can be cut). Same weights and prompts make the engines
-bit-reproducible across runs here, so each faulty run is checked against the healthy one dump by
-dump; then ``align`` and ``compare`` must say the same from the dumps alone: nothing on the healthy
-loop, the dropped tensor from global step 2 on, the decode path for the decode fault. One more
-engine is driven directly (:class:`cpu_kit.vllm_engine.VllmEngine`): packed generation, weights
-handed over and back, an error answer. Each run starts a vLLM engine (~20-70 s on 2 cores).
+so each response token's rows can be cut). The two faulty loops are acts 2 and 3 of ``make demo``
+(``examples/demo.sh``, run here as the Makefile runs it and checked for its three stories). Same
+weights and prompts make the engines bit-reproducible across runs here, so each faulty run is
+checked against the healthy one dump by dump; then ``align`` and ``compare`` must say the same from
+the dumps alone: nothing on the healthy loop, the dropped tensor from global step 2 on, the decode
+path for the decode fault. One more engine is driven directly (:class:`cpu_kit.vllm_engine.VllmEngine`):
+packed generation, weights handed over and back, an error answer. Each run starts a vLLM engine
+(~20-70 s on 2 cores).
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas
 import pytest
-from support.compare_runs import msprobe_config
-from support.interpreter import run_python
+from support import REPO
+from support.interpreter import clean_env, run_python
 from support.pages import figures_drawn, rendered
 from support.real_vllm import VLLM_PYTHON, engine_env
 from support.rl_loop import LoopRun, run_loop
+from support.verl_runs import HANG_LIMIT_S
 from support.vllm_standin import dumped_steps
 
 from cpu_kit import demo_inputs
@@ -38,19 +44,36 @@ pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it 
 
 FAULT_MODULE = f"model.{demo_inputs.PERTURBED_MODULE}"  # vLLM's and HF's path of the module both faults hit
 DROPPED = f"{FAULT_MODULE}.weight"
-DECODE_FACTOR = 1.05
+DECODE_FACTOR = demo_inputs.PERTURBATION  # the demo plants the decode fault with the prefill act's factor
 # fp32 on both sides, same weights: measured max |training - rollout| 4.8e-7 at step 1 and 9.5e-7
 # after an update (3 steps, 4 prompts); the bound leaves 10x room.
 FP32_GAP = 1e-5
 STEPS_PER_ROLLOUT = sum(RESPONSE_LENGTHS)  # one at a time: a prefill, then a decode per further token
 
 
+@dataclass
+class Demo:
+    out: Path  # demo.sh's output folder
+    printed: str  # what it printed on the terminal
+
+
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("inputs")
-    demo_inputs.build_models(folder)
-    demo_inputs.write_prompts(folder / "prompts.jsonl")
-    return folder
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """``make demo``'s loop (``examples/demo.sh``) as the Makefile runs it. Its acts 2 and 3 are this file's
+    sync-fault and decode-fault loops (the same ``rl_loop.py`` options and msprobe configs), its inputs the
+    healthy loop's: one engine run each, shared."""
+    out = tmp_path_factory.mktemp("demo") / "out"
+    train_bin, vllm_bin = Path(sys.executable).parent, VLLM_PYTHON.parent
+    command = ["bash", str(REPO / "examples" / "demo.sh"), str(train_bin), str(vllm_bin), str(out)]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=4 * HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return Demo(out, done.stdout)
+
+
+@pytest.fixture(scope="module")
+def inputs(demo: Demo) -> Path:
+    """The demo's model, its perturbed copy and prompts (``cpu_kit.demo_inputs``)."""
+    return demo.out / "inputs"
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +82,42 @@ def healthy(tmp_path_factory, inputs) -> LoopRun:
 
 
 @pytest.fixture(scope="module")
-def sync_fault(tmp_path_factory, inputs) -> LoopRun:
-    args = ("--iterations", "2", "--drop-tensor", DROPPED, "--at-step", "2")
-    return run_loop(tmp_path_factory.mktemp("sync_fault"), inputs, *args)
+def sync_fault(demo: Demo) -> LoopRun:
+    """Act 2: ``--iterations 2 --drop-tensor DROPPED --at-step 2``, statistics (examples/msprobe_l0.json)."""
+    return LoopRun.of(demo.out / "sync_fault")
 
 
 @pytest.fixture(scope="module")
-def decode_fault(tmp_path_factory, inputs) -> LoopRun:
-    work = tmp_path_factory.mktemp("decode_fault")
-    tensor = msprobe_config(work / "tensor.json", task="tensor")
-    env = {
-        "CPU_KIT_DECODE_FAULT": f"{FAULT_MODULE}:{DECODE_FACTOR}",
-        "DUMP_SEQUENCES": "1",
-        "MSPROBE_ACTOR_CONFIG": tensor,
-        "MSPROBE_GENERATE_CONFIG": tensor,
-    }
-    return run_loop(work, inputs, "--iterations", "1", **env)
+def decode_fault(demo: Demo) -> LoopRun:
+    """Act 3: ``CPU_KIT_DECODE_FAULT=FAULT_MODULE:DECODE_FACTOR DUMP_SEQUENCES=1``, one step, tensor mode
+    (examples/msprobe_l0_tensor.json)."""
+    return LoopRun.of(demo.out / "decode_fault")
+
+
+def test_demo_tells_the_three_stories(demo: Demo) -> None:
+    printed, out, prompts = demo.printed, demo.out, len(demo_inputs.PROMPT_LENS)
+    module = demo_inputs.PERTURBED_MODULE
+    assert f"{FAULT_MODULE} x {DECODE_FACTOR}" in printed  # the faults of this file's checks
+    # 1. One checkpoint's prefill: nothing on the same weights, the planted module on the perturbed copy.
+    assert printed.count(f"align: {prompts} pairs (request_id: {prompts})") == 2
+    assert f"{prompts} pairs: no divergence above threshold" in printed, printed[-3000:]
+    verdict = f"{prompts} pairs: first divergence: {module} output"
+    assert verdict in printed, printed[-3000:]
+    assert list(pandas.read_csv(out / "prefill/model/report/pairs.csv")["first_module"].isna()) == [True] * prompts
+    pairs = pandas.read_csv(out / "prefill/perturbed/report/pairs.csv")
+    assert list(pairs["first_module"]) == [module] * prompts
+    assert (pairs["unmatched"] == 0).all()
+    assert verdict.split(": ", 1)[1] in (out / "prefill/perturbed/report/index.html").read_text()
+    # 2. The sync fault: since global step 2, at the tensor left out of the hand-over.
+    assert f"run: global step 2 is the first to diverge, at {module} output ({prompts} of {prompts}" in printed
+    assert list((out / "sync_fault" / "tensorboard").iterdir()), "no TensorBoard event file"
+    # 3. The decode-only fault: the gap's cause on the decode path.
+    samples = pandas.read_csv(out / "decode_fault/report/samples.csv")
+    assert set(samples["prefill"]) == {"no divergence"} and set(samples["path"]) == {"decode path"}
+    assert set(samples["first_decode_divergence"]) == {f"{module} output"}
+    # the engines' chatter is in the log files, not on the terminal
+    assert "Dump switch is turned on" not in printed
+    assert "Dump switch is turned on" in (out / "logs" / "vllm-model.log").read_text()
 
 
 def _statistics(entry: object) -> object:

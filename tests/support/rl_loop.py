@@ -31,6 +31,12 @@ class LoopRun:
     work: Path
     summary: dict
 
+    @classmethod
+    def of(cls, work: Path) -> LoopRun:
+        """The loop run in ``work`` (dumps under ``work/dumps``, the script's ``--out`` at ``work/out``): by
+        :func:`run_loop`, or by the demo (``examples/demo.sh``: one such folder per act)."""
+        return cls(work, json.loads((work / "out" / "summary.json").read_text()))
+
     @property
     def steps(self) -> list[dict]:
         return self.summary["steps"]
@@ -93,4 +99,4 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
             if path.exists()
         ]
         raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
-    return LoopRun(work, json.loads((out / "summary.json").read_text()))
+    return LoopRun.of(work)

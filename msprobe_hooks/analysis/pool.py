@@ -44,8 +44,9 @@ def compare_all(pairs: Sequence[Pair], threshold: float, jobs: int, mapping: str
     # torch again: its thread pools do not survive a fork (the workers hang). Spawned workers start clean.
     context = multiprocessing.get_context("spawn") if "torch" in sys.modules else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=gc.enable) as pool:
-        futures = [pool.submit(compare_packed, i, pair, threshold, mapping) for i, pair in enumerate(pairs)]
+        futures = {pool.submit(compare_packed, i, pair, threshold, mapping) for i, pair in enumerate(pairs)}
         for future in tqdm(as_completed(futures), total=len(futures), unit="pair", disable=None):
+            futures.discard(future)  # a done future holds its pair's rows: dropped once they are handed on
             yield future.result()
 
 

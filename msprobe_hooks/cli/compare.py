@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _no_collector() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the rows pile up: a thousand pairs are millions of small objects
-    holding no cycles, which each pass of the collector went over again (a fifth of such a run's time)."""
+    """Python's cyclic garbage collector off while pairs are compared here: each pair makes thousands of small
+    objects holding no cycles (its rows, the entries read), which each pass of the collector went over again."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 COPIES = 5  # x 2 golden prompts: 10 pairs a step
-STEPS = (10, 100)
+STEPS = (10, 20, 50, 100)  # past 20 steps (200 pairs) the page shows no more pairs: memory flat from there
 
 
 def _lines(path: Path) -> list[dict]:

@@ -295,7 +295,12 @@ LIGHT = {
         (["--help"], set()),
         (
             ["compare", "--help"],
-            {"msprobe_hooks.cli.compare", "msprobe_hooks.analysis", "msprobe_hooks.analysis.results"},
+            {
+                "msprobe_hooks.cli.compare",
+                "msprobe_hooks.analysis",
+                "msprobe_hooks.analysis.results",
+                "msprobe_hooks.analysis.table",  # the results' column kinds (standard library only)
+            },
         ),
     ],
 )

@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+def pytest_runtest_protocol(item: pytest.Item):
     """An engine test (its setup and teardown, where module fixtures start and stop engines, included) holds the
     session's engine lock: shared, or exclusive when marked ``alone``."""
     if not item.get_closest_marker("engine"):

@@ -127,16 +127,12 @@ def decode(
     shown = [s for s in samples if any(r.compared for r in s.decode)][:most]
     if not shown:
         return None
-    largest = {(pair, layer): error for pair, errors in layer_errors.items() for layer, error in errors.items()}
     figure = make_subplots(rows=1, cols=len(shown), subplot_titles=[f"{s.key} (step {s.global_step})" for s in shown])
     for col, sample in enumerate(shown, 1):
         pairs = [r.pair for r in sample.decode if r.compared]
-        shown_pairs = set(pairs)
-        layers = sorted({layer for pair, layer in largest if pair in shown_pairs})
-        z = [
-            [math.log10(max(largest[p, layer], FLOOR)) if (p, layer) in largest else None for p in pairs]
-            for layer in layers
-        ]
+        errors = [layer_errors.get(p, {}) for p in pairs]
+        layers = sorted({layer for mine in errors for layer in mine})
+        z = [[math.log10(max(mine[layer], FLOOR)) if layer in mine else None for mine in errors] for layer in layers]
         figure.add_trace(
             go.Heatmap(
                 z=z,

@@ -126,20 +126,20 @@ def decode_heatmap(layer_errors: Mapping[int, Mapping[int, float]], samples: Seq
     import numpy
 
     shown = decode_samples(samples)
-    largest = {(pair, layer): error for pair, errors in layer_errors.items() for layer, error in errors.items()}
-    top = max(max(largest.values(), default=1e-6), 1e-6)
+    top = max((error for errors in layer_errors.values() for error in errors.values()), default=1e-6)
+    top = max(top, 1e-6)
     figure = _figure(figsize=(3.2 * len(shown) + 1, 3.6))
     axes = figure.subplots(1, len(shown), squeeze=False)
     image = None
     for ax, sample in zip(axes[0], shown, strict=True):
         pairs = [r for r in sample.decode if r.compared]
-        shown_pairs = {r.pair for r in pairs}
-        layers = sorted({layer for pair, layer in largest if pair in shown_pairs})
+        errors = [layer_errors.get(r.pair, {}) for r in pairs]
+        layers = sorted({layer for mine in errors for layer in mine})
         grid = numpy.full((len(layers) or 1, len(pairs)), numpy.nan)
-        for x, r in enumerate(pairs):
+        for x, mine in enumerate(errors):
             for y, layer in enumerate(layers):
-                if (r.pair, layer) in largest:
-                    grid[y, x] = max(largest[r.pair, layer], FLOOR)
+                if layer in mine:
+                    grid[y, x] = max(mine[layer], FLOOR)
         image = ax.imshow(numpy.log10(grid), aspect="auto", origin="lower", cmap="magma", vmin=-8, vmax=math.log10(top))
         ax.set_xticks(range(len(pairs)), [str(r.token_index) for r in pairs], fontsize=7)
         ax.set_yticks(range(len(layers)), [f"L{layer}" for layer in layers], fontsize=7)

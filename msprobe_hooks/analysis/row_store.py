@@ -36,9 +36,8 @@ class PackedRows:
 
 def pack(pair: int, rows: Sequence[ModuleRow]) -> PackedRows:
     """``rows`` (one pair's, in model order) packed for :meth:`RowStore.add`."""
-    values = list(map(module_row_values, rows))
-    columns = list(zip(*values, strict=True)) if values else [() for _ in MODULE_COLUMNS]
-    lines = Table.of_columns(MODULE_COLUMNS, columns).csv_body(MODULE_COLUMN_KINDS) if values else ""
+    columns = list(zip(*map(module_row_values, rows), strict=True))
+    lines = Table.of_columns(MODULE_COLUMNS, columns).csv_body(MODULE_COLUMN_KINDS) if rows else ""
     layer_errors: dict[int, float] = {}
     for r in rows:
         if r.status is Status.COMPARED and r.layer is not None and r.error is not None and not math.isnan(r.error):
@@ -58,16 +57,6 @@ class RowStore:
         self._where: dict[int, tuple[int, int, int, int]] = {}
         self.statuses: Counter[str] = Counter()
         self.layer_errors: dict[int, dict[int, float]] = {}  # pair -> decoder layer -> largest error
-
-    @classmethod
-    def of_rows(cls, rows: Iterable[ModuleRow], folder: str | None = None) -> RowStore:
-        """A store of these rows (of any pairs, each pair's in model order)."""
-        store, by_pair = cls(folder), {}
-        for row in rows:
-            by_pair.setdefault(row.pair, []).append(row)
-        for pair, mine in by_pair.items():
-            store.add(pack(pair, mine))
-        return store
 
     def add(self, packed: PackedRows) -> None:
         if packed.pair in self._where:

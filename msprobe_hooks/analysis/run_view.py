@@ -97,13 +97,11 @@ def steps(
                 view.first = r
         if r.max_error is not None and (view.largest is None or r.max_error > view.largest.max_error):
             view.largest = r
+        for layer, error in layer_errors.get(r.pair, {}).items():
+            view.layer_errors[layer] = max(view.layer_errors.get(layer, 0.0), error)
     for view in views.values():
         measured = view.largest is not None
         view.verdict = Verdict.DIVERGES if view.diverging else Verdict.NO_DIVERGENCE if measured else view.verdict
-    for r in results:
-        view = views[r.global_step]
-        for layer, error in layer_errors.get(r.pair, {}).items():
-            view.layer_errors[layer] = max(view.layer_errors.get(layer, 0.0), error)
     by_step: dict[Any, list[Mapping[str, Any]]] = {}
     for (_, global_step), line in gaps.items():
         by_step.setdefault(global_step, []).append(line)

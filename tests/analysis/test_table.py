@@ -12,7 +12,7 @@ import pytest
 from msprobe_hooks.analysis import report
 from msprobe_hooks.analysis.plots import plain_power
 from msprobe_hooks.analysis.results import MODULE_COLUMNS, ModuleRow, PairResult, Status, Verdict
-from msprobe_hooks.analysis.row_store import RowStore
+from msprobe_hooks.analysis.row_store import RowStore, pack
 from msprobe_hooks.analysis.table import BOOL, FLOAT, INT, OBJECT, Table, column_kind
 
 # Columns of every kind pandas tells apart, with the values that change a cell: missing ones, 3 against 3.0,
@@ -106,7 +106,9 @@ def test_the_report_tables_are_pandas_tables_of_the_rows(tmp_path, failed):
         PairResult(pair=0, rule="prompt_hash", key="ab/v2", verdict=Verdict.FAILED if failed else Verdict.NO_DIVERGENCE,
                    message="cannot read a dump: x" if failed else None),
     ]  # fmt: skip
-    with RowStore.of_rows(rows, str(tmp_path)) as store:  # each pair's lines written alone, in any order
+    with RowStore(str(tmp_path)) as store:  # each pair's lines written alone, pair 1 first
+        for pair in (1, 0):
+            store.add(pack(pair, [r for r in rows if r.pair == pair]))
         store.write_csv(str(tmp_path / "modules.csv"))
         assert [(r.pair, r.order) for r in store.rows([1])] == [(1, o) for o in (30, 0, 11, 21)]
     frame = pandas.DataFrame([r.record() for r in rows], columns=list(MODULE_COLUMNS))

@@ -25,14 +25,14 @@ from pathlib import Path
 
 from bench_align import REQUESTS, prompt_hashes, write_dispatch, write_training
 
-from msprobe_hooks.analysis.logs import find_logs
+from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 MILLIONS = (1, 10)
 PIPE_BYTES = 2**20  # Linux's largest for an unprivileged process (/proc/sys/fs/pipe-max-size)
 READER = """
 import resource, sys, time
-from msprobe_hooks.analysis import align
+from msprobe_hooks.analysis.pairing import align
 out, fifo, *train = sys.argv[1:]
 start = time.process_time()
 aligner = align.Aligner(out)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from synthetic_dumps import deeper, real_pairs, renumbered
 
-from msprobe_hooks.analysis import compare, pairs
+from msprobe_hooks.analysis.comparing import compare
+from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
 REPO = Path(__file__).resolve().parent.parent

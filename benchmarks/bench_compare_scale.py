@@ -23,7 +23,8 @@ from pathlib import Path
 
 from synthetic_dumps import deeper_pairs, real_pairs, renumbered
 
-from msprobe_hooks.analysis import compare, pairs
+from msprobe_hooks.analysis.comparing import compare
+from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
 BIN = Path(sys.executable).parent

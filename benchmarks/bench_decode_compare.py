@@ -62,7 +62,8 @@ def _peak_mb(code: str) -> float:
 
 
 def main() -> int:
-    from msprobe_hooks.analysis import compare, pairs
+    from msprobe_hooks.analysis.comparing import compare
+    from msprobe_hooks.analysis.pairing import pairs
     from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
     folder = Path(tempfile.mkdtemp(prefix="bench-decode-"))

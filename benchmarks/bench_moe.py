@@ -42,7 +42,8 @@ def _median(work, rounds: int = ROUNDS) -> float:
 
 
 def main() -> int:
-    from msprobe_hooks.analysis import compare, names, pairs, routing
+    from msprobe_hooks.analysis.comparing import compare, names, routing
+    from msprobe_hooks.analysis.pairing import pairs
 
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as folder:
         pairs_file = Path(sys.argv[1]) if len(sys.argv) > 1 else _golden_pairs(Path(folder))

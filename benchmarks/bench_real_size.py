@@ -91,7 +91,8 @@ def run(work: Path, prompts: int, prompt_len: int, layers: int) -> dict:
     rss = _peak_rss_mb(
         [sys.executable, "-m", "msprobe_hooks", "compare", os.fspath(one), "-o", os.fspath(work / "r1"), "--jobs", "1"]
     )
-    from msprobe_hooks.analysis import compare, pairs
+    from msprobe_hooks.analysis.comparing import compare
+    from msprobe_hooks.analysis.pairing import pairs
 
     per_pair = []
     for index, pair in enumerate(pairs.read(os.fspath(pairs_file))):

@@ -186,7 +186,7 @@ class PairResult:
     token_index: int | None = None
     global_step: object = None
     message: str | None = None
-    # MoE pairs (analysis/routing.py): the routers' choices compared per layer; None where nothing was.
+    # MoE pairs (analysis/comparing/routing.py): the routers' choices compared per layer; None where nothing was.
     routing_layers: int | None = None  # layers whose choices were compared
     routing_flipped: int | None = None  # (token, layer) pairs whose expert set differs, noise included
     routing_layer: int | None = None  # the first layer where tokens went to other experts beyond the noise

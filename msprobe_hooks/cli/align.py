@@ -17,7 +17,7 @@ See docs/analysis.md."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from msprobe_hooks.analysis.align import BACKENDS
+    from msprobe_hooks.analysis.pairing.align import BACKENDS
 
     parser.add_argument("train_dir", help="the training dump root (the actor config's dump_path)")
     parser.add_argument("generate_dir", help="the inference dump root (the generate config's dump_path)")
@@ -52,10 +52,10 @@ def unpaired_table(train: Counter, generate: Counter) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from msprobe_hooks.analysis import pairs
-    from msprobe_hooks.analysis.align import Aligner, config_request_ids
-    from msprobe_hooks.analysis.logs import find_logs
-    from msprobe_hooks.analysis.shards import replica_lines
+    from msprobe_hooks.analysis.pairing import pairs
+    from msprobe_hooks.analysis.pairing.align import Aligner, config_request_ids
+    from msprobe_hooks.analysis.pairing.logs import find_logs
+    from msprobe_hooks.analysis.pairing.ranks import replica_lines
     from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
     def fail(message: str) -> int:

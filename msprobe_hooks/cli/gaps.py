@@ -29,8 +29,8 @@ def _cell(value: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from msprobe_hooks.analysis.logs import find_logs
-    from msprobe_hooks.analysis.symptom import gap_lines
+    from msprobe_hooks.analysis.answer.symptom import gap_lines
+    from msprobe_hooks.analysis.pairing.logs import find_logs
     from msprobe_hooks.join_keys import GAP_LOG
 
     def fail(message: str) -> int:

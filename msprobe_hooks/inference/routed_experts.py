@@ -12,7 +12,7 @@ the one vLLM's own routed-experts capture uses) and writes them once the step is
 ``step`` is the msprobe ``step{N}`` folder of that forward (the dispatch line's), ``layers`` maps a
 decoder layer's number to the ids ``[tokens, k]`` in the engine's packed token order, the order of
 ``requests``. Written only for dumped steps when a debugger runs (``dumped``), for every step when none
-does. ``compare`` reads it (``msprobe_hooks.analysis.routing``).
+does. ``compare`` reads it (``msprobe_hooks.analysis.comparing.routing``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from support.dispatch_lines import step_record
 from support.interpreter import clean_env
 
 from cpu_kit import verl_cpu  # the demo's samples: the prompts the training side dumped
-from msprobe_hooks.analysis import logs
+from msprobe_hooks.analysis.pairing import logs
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import PROMPT_HASH_VERSION, prompt_hash, versioned_hash
 

@@ -20,9 +20,9 @@ from support.compare_runs import align, msprobe_config, raw_pairs, run_compare, 
 from support.pages import figures_drawn, offline, rendered
 
 from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
-from msprobe_hooks.analysis import compare, names
+from msprobe_hooks.analysis.comparing import compare, names
+from msprobe_hooks.analysis.comparing.statistics import fuse
 from msprobe_hooks.analysis.results import Status, Verdict
-from msprobe_hooks.analysis.statistics import fuse
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 

@@ -19,7 +19,7 @@ import pytest
 from support.compare_runs import align, msprobe_config, run_compare, run_training, run_vllm
 
 from cpu_kit import moe_inputs
-from msprobe_hooks.analysis import routing
+from msprobe_hooks.analysis.report.routing import ROUTING_CSV
 from msprobe_hooks.analysis.results import FirstRule, Verdict
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 
@@ -70,7 +70,7 @@ def test_a_planted_router_fault_is_named_routing_with_its_share(moe, tmp_path):
     root, _, _, fault, _, _ = moe
     assert fault.layer == moe_inputs.ROUTER_LAYER and abs(fault.share - moe_inputs.ROUTER_SHARE) <= 0.02
     done, results, rows = run_compare(_pairs(moe, "router", root / "moe-router", tp=1), tmp_path / "report")
-    table = pandas.read_csv(tmp_path / "report" / routing.ROUTING_CSV)
+    table = pandas.read_csv(tmp_path / "report" / ROUTING_CSV)
     by_layer = table.groupby("layer")[["tokens", "flipped"]].sum()
     assert by_layer.loc[0, "flipped"] == 0
     found = by_layer.loc[fault.layer, "flipped"] / by_layer.loc[fault.layer, "tokens"]

@@ -15,7 +15,7 @@ import pytest
 from support.compare_runs import align, msprobe_config, run_compare, run_sglang, run_training
 
 from cpu_kit.demo_inputs import LAYERS, PERTURBATION, PERTURBED_MODULE, PROMPT_LENS, build_models, write_prompts
-from msprobe_hooks.analysis import names
+from msprobe_hooks.analysis.comparing import names
 from msprobe_hooks.analysis.results import Status, Verdict
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)

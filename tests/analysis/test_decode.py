@@ -24,12 +24,12 @@ import pytest
 from support import golden
 from support.compare_runs import unpaired_table
 
-from msprobe_hooks.analysis import pairs
-from msprobe_hooks.analysis.align import Aligner, Result
-from msprobe_hooks.analysis.compare import compare_pair
-from msprobe_hooks.analysis.logs import find_logs
+from msprobe_hooks.analysis.answer.symptom import CausePath
+from msprobe_hooks.analysis.comparing.compare import compare_pair
+from msprobe_hooks.analysis.pairing import pairs
+from msprobe_hooks.analysis.pairing.align import Aligner, Result
+from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, PairResult, Unpaired, Verdict
-from msprobe_hooks.analysis.symptom import CausePath
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 from msprobe_hooks.log import NAME as LOGGER

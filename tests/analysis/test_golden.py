@@ -18,7 +18,8 @@ from support import golden
 from support.compare_runs import raw_pairs, write_raw
 from support.pages import offline
 
-from msprobe_hooks.analysis import names, pairs
+from msprobe_hooks.analysis.comparing import names
+from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import MODULE_COLUMNS, OPTIONAL_PAIR_COLUMNS, PAIR_RESULT_COLUMNS, Status, Verdict
 from msprobe_hooks.cli import main
 
@@ -195,7 +196,7 @@ def test_report_columns_are_the_row_types_fields(tmp_path):
 
 
 def test_a_long_run_page_lists_the_diverging_pairs_first_and_says_how_many_it_left_out(tmp_path, monkeypatch):
-    from msprobe_hooks.analysis import report
+    from msprobe_hooks.analysis.report import writer as report
 
     clean = raw_pairs(pairs_file(tmp_path, "fsdp2/actor", "vllm/generate"))
     faulty = raw_pairs(pairs_file(tmp_path, "fsdp2/actor", "vllm_perturbed/generate"))

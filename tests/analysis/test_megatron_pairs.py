@@ -17,8 +17,8 @@ import pandas
 import pytest
 from support import golden
 
-from msprobe_hooks.analysis import pairs
-from msprobe_hooks.analysis.pairs import RankRule
+from msprobe_hooks.analysis.pairing import pairs
+from msprobe_hooks.analysis.pairing.pairs import RankRule
 from msprobe_hooks.analysis.results import Status, Verdict
 from msprobe_hooks.cli import main
 

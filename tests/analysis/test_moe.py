@@ -17,7 +17,8 @@ import pytest
 from support import golden
 from support.pages import offline
 
-from msprobe_hooks.analysis import names, routing
+from msprobe_hooks.analysis.comparing import names, routing
+from msprobe_hooks.analysis.report.routing import ROUTING_CSV
 from msprobe_hooks.analysis.results import FirstRule, Status, Verdict
 from msprobe_hooks.cli import main
 
@@ -33,7 +34,7 @@ def compare(tmp_path: Path, train: Path, generate: Path, *extra: str) -> tuple[p
 
 
 def routed(tmp_path: Path) -> pandas.DataFrame:
-    return pandas.read_csv(tmp_path / "report" / routing.ROUTING_CSV)
+    return pandas.read_csv(tmp_path / "report" / ROUTING_CSV)
 
 
 def planted() -> dict:

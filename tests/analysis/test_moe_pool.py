@@ -8,7 +8,7 @@ import json
 import pytest
 from support import golden
 
-from msprobe_hooks.analysis import routing
+from msprobe_hooks.analysis.report.routing import ROUTING_CSV
 from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.interpreter  # spawns worker interpreters (make test-fast leaves it out)
@@ -29,5 +29,5 @@ def test_the_routing_comparison_comes_back_from_a_process_pool(tmp_path):
     for jobs in ("1", "2"):
         out = tmp_path / f"jobs{jobs}"
         assert main(["compare", str(many), "-o", str(out), "--jobs", jobs]) == 0
-        tables.append((out / routing.ROUTING_CSV).read_text())
+        tables.append((out / ROUTING_CSV).read_text())
     assert tables[0] == tables[1] and len(tables[0].splitlines()) == 1 + 8 * MOE_LAYERS

@@ -1,8 +1,8 @@
-"""The name map on entries as the real engines dump them (``msprobe_hooks/analysis/names.py``)."""
+"""The name map on entries as the real engines dump them (``msprobe_hooks/analysis/comparing/names.py``)."""
 
 from __future__ import annotations
 
-from msprobe_hooks.analysis import names
+from msprobe_hooks.analysis.comparing import names
 
 
 def _tensor(dtype: str, *shape: int) -> dict:

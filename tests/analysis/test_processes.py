@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from support import golden
 
-from msprobe_hooks.analysis import pairs, plots, pool
+from msprobe_hooks.analysis.comparing import pool
+from msprobe_hooks.analysis.pairing import pairs
+from msprobe_hooks.analysis.report import plots
 from msprobe_hooks.cli import main
 
 TABLES = ("summary.md", "modules.csv", "pairs.csv")

@@ -15,7 +15,8 @@ import pandas
 import pytest
 from support import golden
 
-from msprobe_hooks.analysis import pairs, results
+from msprobe_hooks.analysis import results
+from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.cli import main
 
 

@@ -17,11 +17,11 @@ import pytest
 import torch
 from support import golden
 
-from msprobe_hooks.analysis import pairs
-from msprobe_hooks.analysis.pairs import RankRule
+from msprobe_hooks.analysis.comparing.shards import ShardError, whole_stats, whole_tensor
+from msprobe_hooks.analysis.comparing.statistics import Stats
+from msprobe_hooks.analysis.pairing import pairs
+from msprobe_hooks.analysis.pairing.pairs import RankRule
 from msprobe_hooks.analysis.results import Status, Verdict
-from msprobe_hooks.analysis.shards import ShardError, whole_stats, whole_tensor
-from msprobe_hooks.analysis.statistics import Stats
 from msprobe_hooks.cli import main
 
 TP2 = golden.GOLDEN / "tp2"

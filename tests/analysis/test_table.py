@@ -9,10 +9,10 @@ import random
 import pandas
 import pytest
 
-from msprobe_hooks.analysis import report
-from msprobe_hooks.analysis.plots import plain_power
+from msprobe_hooks.analysis.comparing.row_store import RowStore, pack
+from msprobe_hooks.analysis.report import writer as report
+from msprobe_hooks.analysis.report.plots import plain_power
 from msprobe_hooks.analysis.results import MODULE_COLUMNS, ModuleRow, PairResult, Status, Verdict
-from msprobe_hooks.analysis.row_store import RowStore, pack
 from msprobe_hooks.analysis.table import BOOL, FLOAT, INT, OBJECT, Table, column_kind
 
 # Columns of every kind pandas tells apart, with the values that change a cell: missing ones, 3 against 3.0,

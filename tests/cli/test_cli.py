@@ -331,7 +331,7 @@ def test_the_wheel_installs_into_a_clean_venv_and_works_there(tmp_path):
     )
     assert shim.stdout.strip().startswith(str(venv)) and Path(shim.stdout.strip(), "sitecustomize.py").is_file()
     # the built-in name map travels with the package
-    assert list(venv.rglob("msprobe_hooks/analysis/name_map.yaml"))
+    assert list(venv.rglob("msprobe_hooks/analysis/comparing/name_map.yaml"))
     on = clean_env(DUMP_ON="1", PYTHONPATH=shim.stdout.strip(), MSPROBE_HOOKS_OUTPUT_DIR=str(tmp_path / "out"))
     probe = "import json, sys; print(json.dumps(sys.modules['msprobe_hooks'].current_config() is not None))"
     active = subprocess.run([str(python), "-c", probe], env=on, capture_output=True, text=True)

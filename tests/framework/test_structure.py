@@ -141,3 +141,50 @@ def test_every_test_module_that_starts_an_engine_or_interpreter_is_marked():
         if not marked and used & set(SLOW_HELPERS) and path.parent.name != "faults":  # faults/: marked by conftest
             unmarked.append(f"{path.relative_to(REPO)} ({', '.join(sorted(used & set(SLOW_HELPERS)))})")
     assert not unmarked, "unmarked test modules that start engines or interpreters: " + "; ".join(unmarked)
+
+
+# The analysis layer in stages, in this order; each imports only the stages before it, and the ground at
+# analysis/'s root that imports no stage: the answer's vocabulary (results.py, table.py) and the dump reader.
+# analysis.run, the whole of compare, imports them all; nothing in a stage imports it.
+STAGES = ("pairing", "comparing", "answer", "report")
+GROUND = ("results", "table", "dumpfile")
+ANALYSIS = "msprobe_hooks.analysis"
+
+
+def _stage(module: str) -> str | None:
+    """The stage a module belongs to; ``""`` for analysis/'s root vocabulary; None outside the stages."""
+    if not module.startswith(ANALYSIS + "."):
+        return None
+    first = module[len(ANALYSIS) + 1 :].split(".")[0]
+    if first in STAGES:
+        return first
+    return "" if first in GROUND else None
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for every import of a later stage (or of ``analysis.run``) from a stage."""
+    order = {"": -1, **{stage: i for i, stage in enumerate(STAGES)}}
+    found = []
+    for importer, imported in sorted(graph.items()):
+        mine = _stage(importer)
+        if mine is None:
+            continue
+        for target in sorted(imported):
+            theirs = _stage(target)
+            if target == f"{ANALYSIS}.run" or (theirs is not None and order[theirs] > order[mine]):
+                found.append(f"{importer} -> {target}")
+    return found
+
+
+def test_the_analysis_stages_import_only_earlier_stages():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert {_stage(name) for name in MODULES} >= {"", *STAGES}
+    assert stage_violations(graph) == []
+
+
+def test_the_stage_check_finds_a_comparing_module_importing_the_report():
+    graph = {f"{ANALYSIS}.comparing.compare": {f"{ANALYSIS}.report.writer", f"{ANALYSIS}.pairing.pairs"}}
+    assert stage_violations(graph) == [f"{ANALYSIS}.comparing.compare -> {ANALYSIS}.report.writer"]
+    assert stage_violations({f"{ANALYSIS}.results": {f"{ANALYSIS}.pairing.pairs"}}) == [
+        f"{ANALYSIS}.results -> {ANALYSIS}.pairing.pairs"
+    ]

@@ -236,13 +236,13 @@ def run_compare(
 
 def raw_pairs(path: Path | str) -> list[dict]:
     """The lines of a pairs file as JSON objects, dump paths resolved (``pairs.read`` gives typed pairs)."""
-    from msprobe_hooks.analysis import pairs
+    from msprobe_hooks.analysis.pairing import pairs
 
     return [pair.record() for pair in pairs.read(str(path))]
 
 
 def write_raw(records: list[dict], path: Path | str) -> None:
     """Write edited pairs lines (JSON objects, as :func:`raw_pairs` gives them) as a pairs file."""
-    from msprobe_hooks.analysis import pairs
+    from msprobe_hooks.analysis.pairing import pairs
 
     pairs.write([pairs.Pair.from_record(record) for record in records], str(path))

@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 
-from msprobe_hooks.analysis import names
+from msprobe_hooks.analysis.comparing import names
 
 pytestmark = pytest.mark.engine  # needs megatron-core (the real Megatron tier's install)
 

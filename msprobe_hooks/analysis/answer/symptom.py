@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from msprobe_hooks.analysis.logs import find_logs
-from msprobe_hooks.analysis.pairs import PairKind
+from msprobe_hooks.analysis.pairing.logs import find_logs
+from msprobe_hooks.analysis.pairing.pairs import PairKind
 from msprobe_hooks.analysis.results import PairResult, Verdict, _Text
 from msprobe_hooks.join_keys import GAP_LOG, strip_vllm_suffix
 

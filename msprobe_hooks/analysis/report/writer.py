@@ -12,12 +12,15 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis import interactive, routing, run_view
-from msprobe_hooks.analysis.pairs import PairKind
-from msprobe_hooks.analysis.plots import Painter, decode_heatmap, decode_samples, depth, points, run_heatmap
+from msprobe_hooks.analysis.answer import run_view
+from msprobe_hooks.analysis.answer.assemble import Answer
+from msprobe_hooks.analysis.answer.run_view import StepView
+from msprobe_hooks.analysis.answer.symptom import GAP_FIELDS, SampleCause, path_verdict
+from msprobe_hooks.analysis.pairing.pairs import PairKind
+from msprobe_hooks.analysis.report import interactive, routing
+from msprobe_hooks.analysis.report.plots import Painter, decode_heatmap, decode_samples, depth, points, run_heatmap
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -29,9 +32,6 @@ from msprobe_hooks.analysis.results import (
     Status,
     Verdict,
 )
-from msprobe_hooks.analysis.row_store import RowStore
-from msprobe_hooks.analysis.run_view import StepView
-from msprobe_hooks.analysis.symptom import GAP_FIELDS, SampleCause, causes, path_verdict
 from msprobe_hooks.analysis.table import Table
 
 PLOT = "error_by_depth.png"
@@ -153,35 +153,6 @@ def _left_out(ordered: Sequence[PairResult], detailed: Sequence[PairResult]) -> 
     if not left:
         return ""
     return f" Listed here: {len(detailed)} of {len(ordered)} pairs (the diverging and failed first); {left} more in it."
-
-
-@dataclass
-class Answer:
-    """What ``compare`` found: the pairs' verdicts and rows (on disk), and, where the pairs allow, per sample the
-    cause of its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
-
-    results: Sequence[PairResult]
-    store: RowStore
-    samples: list[SampleCause] = field(default_factory=list)
-    steps: list[StepView] = field(default_factory=list)
-
-
-def answer(
-    results: Sequence[PairResult],
-    store: RowStore,
-    gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
-) -> Answer:
-    """The :class:`Answer` of ``results`` and their rows, with the training side's gap lines
-    (:func:`.symptom.read_gaps`).
-
-    Results are put in pair order first: a pool returns them as they complete, and every tie (the largest error
-    of equal pairs) must go the same way whatever the order."""
-    results = sorted(results, key=lambda r: r.pair)
-    gaps = gaps or {}
-    decode = any(r.kind == PairKind.DECODE for r in results)
-    samples = causes(results, gaps) if gaps or decode else []
-    views = run_view.steps(results, store.layer_errors, gaps)
-    return Answer(results, store, samples, views if run_view.is_run(views) else [])
 
 
 def summary_lines(found: Answer, threshold: float) -> list[str]:

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis import dumpfile, names, routing
-from msprobe_hooks.analysis.pairs import Pair, PairKind
-from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
-from msprobe_hooks.analysis.shards import ShardError, Sharding, whole_stats, whole_tensor
-from msprobe_hooks.analysis.statistics import (
+from msprobe_hooks.analysis import dumpfile
+from msprobe_hooks.analysis.answer.verdict import FixedRule, StepRule
+from msprobe_hooks.analysis.comparing import names, routing
+from msprobe_hooks.analysis.comparing.shards import ShardError, Sharding, whole_stats, whole_tensor
+from msprobe_hooks.analysis.comparing.statistics import (
     Stats,
     flat_shape,
     fuse,
@@ -28,7 +28,8 @@ from msprobe_hooks.analysis.statistics import (
     tensor_errors,
     thresholded_error,
 )
-from msprobe_hooks.analysis.verdict import FixedRule, StepRule
+from msprobe_hooks.analysis.pairing.pairs import Pair, PairKind
+from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
 
 
 @dataclass

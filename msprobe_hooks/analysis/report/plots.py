@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, NamedTuple
 
+from msprobe_hooks.analysis.answer.run_view import StepView
+from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
-from msprobe_hooks.analysis.run_view import StepView
-from msprobe_hooks.analysis.symptom import SampleCause
 
 FLOOR = 1e-12  # exact zeros on a log axis
 MOST_SAMPLES = 6  # panels of the decode heatmap: the samples with the largest gaps

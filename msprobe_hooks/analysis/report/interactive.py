@@ -13,10 +13,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from msprobe_hooks.analysis.plots import FLOOR
+from msprobe_hooks.analysis.answer.run_view import StepView
+from msprobe_hooks.analysis.answer.symptom import SampleCause
+from msprobe_hooks.analysis.report.plots import FLOOR
 from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
-from msprobe_hooks.analysis.run_view import StepView
-from msprobe_hooks.analysis.symptom import SampleCause
 
 
 def _html(figure: Any, div_id: str, first: bool) -> str:

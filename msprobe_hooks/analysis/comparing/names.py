@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis.shards import PARALLEL, Sharding
+from msprobe_hooks.analysis.comparing.shards import PARALLEL, Sharding
 
 # Path segments that wrap a module without changing what it computes.
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "module"})

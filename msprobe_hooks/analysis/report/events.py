@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from msprobe_hooks.analysis.run_view import StepView
+from msprobe_hooks.analysis.answer.run_view import StepView
 
 TAG_PREFIX = "msprobe_hooks"
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis.dumpfile import DumpFileError, check_readable, dump_path, embedding_tokens
-from msprobe_hooks.analysis.logs import (
+from msprobe_hooks.analysis.pairing.logs import (
     DecodeStep,
     GenRow,
     GenStep,
@@ -38,7 +38,7 @@ from msprobe_hooks.analysis.logs import (
     read_dispatch,
     read_training,
 )
-from msprobe_hooks.analysis.pairs import (
+from msprobe_hooks.analysis.pairing.pairs import (
     LOG_FORMATS,
     GenerateSide,
     JoinRule,
@@ -48,8 +48,8 @@ from msprobe_hooks.analysis.pairs import (
     Shard,
     TrainSide,
 )
+from msprobe_hooks.analysis.pairing.ranks import engine_ranks
 from msprobe_hooks.analysis.results import Unpaired
-from msprobe_hooks.analysis.shards import engine_ranks
 from msprobe_hooks.join_keys import PROMPT_WINDOW
 from msprobe_hooks.log import logger
 

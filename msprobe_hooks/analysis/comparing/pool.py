@@ -12,10 +12,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from msprobe_hooks.analysis.compare import compare_pair
-from msprobe_hooks.analysis.pairs import Pair
+from msprobe_hooks.analysis.comparing.compare import compare_pair
+from msprobe_hooks.analysis.comparing.row_store import PackedRows, pack
+from msprobe_hooks.analysis.pairing.pairs import Pair
 from msprobe_hooks.analysis.results import PairResult
-from msprobe_hooks.analysis.row_store import PackedRows, pack
 
 Outcome = tuple[PairResult, PackedRows]
 # A worker process pays for itself from about this many pairs (its start-up and the rows' pickling cost

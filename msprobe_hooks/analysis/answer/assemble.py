@@ -1,0 +1,46 @@
+"""What ``compare`` found, put together: the pairs' verdicts, per sample the cause of its gap, per global step the run.
+
+Nothing here writes a file: the report (:mod:`msprobe_hooks.analysis.report`) writes what this assembles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from msprobe_hooks.analysis.answer import run_view
+from msprobe_hooks.analysis.answer.run_view import StepView
+from msprobe_hooks.analysis.answer.symptom import SampleCause, causes
+from msprobe_hooks.analysis.comparing.row_store import RowStore
+from msprobe_hooks.analysis.pairing.pairs import PairKind
+from msprobe_hooks.analysis.results import PairResult
+
+
+@dataclass
+class Answer:
+    """What ``compare`` found: the pairs' verdicts and rows (on disk), and, where the pairs allow, per sample the
+    cause of its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
+
+    results: Sequence[PairResult]
+    store: RowStore
+    samples: list[SampleCause] = field(default_factory=list)
+    steps: list[StepView] = field(default_factory=list)
+
+
+def assemble(
+    results: Sequence[PairResult],
+    store: RowStore,
+    gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
+) -> Answer:
+    """The :class:`Answer` of ``results`` and their rows, with the training side's gap lines
+    (:func:`.symptom.read_gaps`).
+
+    Results are put in pair order first: a pool returns them as they complete, and every tie (the largest error
+    of equal pairs) must go the same way whatever the order."""
+    results = sorted(results, key=lambda r: r.pair)
+    gaps = gaps or {}
+    decode = any(r.kind == PairKind.DECODE for r in results)
+    samples = causes(results, gaps) if gaps or decode else []
+    views = run_view.steps(results, store.layer_errors, gaps)
+    return Answer(results, store, samples, views if run_view.is_run(views) else [])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from msprobe_hooks.config import LOG_PROB, read_msprobe_config
-from msprobe_hooks.preflight.model import ABSENT, Layout, Rule, Run, Wrong, fixed, hydra_value
+from msprobe_hooks.preflight.model import ABSENT, Layout, Rule, Run, Wrong, expect, fixed, hydra_value
 from msprobe_hooks.preflight.vocabulary import (
     ACTOR,
     ASCEND_DUMP_KEYS,
@@ -29,7 +29,7 @@ from msprobe_hooks.preflight.vocabulary import (
     VLLM,
     VLLM_ASCEND,
 )
-from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training import prompts_only, virtual_pipeline
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -92,6 +92,18 @@ _rollout_correction = fixed(  # a null block is off as well
 _megatron_prompt_forward_blockers = fixed(
     {f"{ACTOR}.megatron.router_replay.mode": "disabled", f"{ACTOR}.megatron.dynamic_context_parallel": False}
 )
+
+
+_VIRTUAL_PIPELINE = f"{ACTOR}.megatron.{virtual_pipeline.CONFIG_KEY}"
+
+
+def _virtual_pipeline(run: Run) -> list[Wrong]:
+    """Null (or absent) and 1 are off; the Megatron engine patch would refuse anything else."""
+    size = run.get(_VIRTUAL_PIPELINE)
+    if size is ABSENT or size is None or (size == 1 and not isinstance(size, bool)):
+        return []
+    wrong = expect(run, _VIRTUAL_PIPELINE, None)
+    return [wrong] if wrong else []
 
 
 def _prompts_only_mode(run: Run) -> str:
@@ -297,6 +309,13 @@ RULES: tuple[Rule, ...] = (
         "Megatron: ref and rollout TP, PP and EP equal the actor's",
         "with equal TP, PP and EP the layers are sharded identically, so rank M on each side holds the same shard",
         wanted=_megatron_parallel,
+        strategies=(MEGATRON,),
+    ),
+    Rule(
+        "virtual-pipeline",
+        f"Megatron: {_VIRTUAL_PIPELINE} is null or 1 (no virtual pipeline parallelism)",
+        f"{virtual_pipeline.REASON}; the Megatron engine patch refuses it at the first dumped pass, after the rollout",
+        check=_virtual_pipeline,
         strategies=(MEGATRON,),
     ),
     Rule(

@@ -35,7 +35,7 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.join_keys import LAYER_OFFSET
-from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training import prompts_only, virtual_pipeline
 from msprobe_hooks.training.actor_dump import MICRO_BATCH, DumpRefused, dumper, extra_forward_kinds
 from msprobe_hooks.training.micro_batch import is_trimmed, packs_samples
 
@@ -80,11 +80,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
 
     def refuse(instance: Any, phase: str, data: Any) -> None:
         if len(instance.module) > 1:
-            raise DumpRefused(
-                f"DUMP_ON=1 with virtual pipeline parallelism ({len(instance.module)} model chunks per rank) "
-                "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
-                "set virtual_pipeline_model_parallel_size to null for the collection run"
-            )
+            raise DumpRefused(virtual_pipeline.refusal(len(instance.module)))
         if phase != LOG_PROB:
             return
         prompts = ctx.config.prompts_only == prompts_only.FORWARD

@@ -65,16 +65,16 @@ def _timings(
     from msprobe_hooks.patches.verl import VERL_FSDP_ENGINE
     from msprobe_hooks.training.actor_dump import dumper
 
-    state = dumper()
+    actor_dumper = dumper()
     gap_work: list[float] = []
-    original = state.log_prob_gap
+    original = actor_dumper.log_prob_gap
 
     def timed(*args: object) -> None:
         begin = time.perf_counter()
         original(*args)
         gap_work.append(time.perf_counter() - begin)
 
-    state.log_prob_gap = timed
+    actor_dumper.log_prob_gap = timed
     gen = torch.Generator().manual_seed(0)
     samples = [
         replace(s, rollout_log_probs=tuple((-4.8 + 0.3 * torch.randn(len(s.response), generator=gen)).tolist()))

@@ -54,17 +54,17 @@ def _engine_timings(model_dir: str, passes: int, out_dir: str) -> dict[str, dict
     from msprobe_hooks.patches.verl import VERL_FSDP_ENGINE
     from msprobe_hooks.training.actor_dump import dumper
 
-    state = dumper()
-    recipe = _RecipeCalls(engine, state.debugger(bootstrap.current_config()), os.path.join(out_dir, "hand"))
+    actor_dumper = dumper()
+    recipe = _RecipeCalls(engine, actor_dumper.debugger(bootstrap.current_config()), os.path.join(out_dir, "hand"))
     own_work: list[float] = []  # the patch's log line: reading the samples, hashing prompts, writing
-    write = state._write
+    write = actor_dumper._write
 
     def timed_write(window: object, debugger: object) -> None:
         begin = time.perf_counter()
         write(window, debugger)
         own_work.append(time.perf_counter() - begin)
 
-    state._write = timed_write
+    actor_dumper._write = timed_write
     samples = verl_cpu.random_samples(8, 0, prompt_lens=(32, 48, 40, 56), response_lens=(24, 32))
     variants = ("baseline", "hand", "patch")
     timings: dict[str, dict[str, list[float]]] = {v: {"log_prob": [], "update": []} for v in variants}

@@ -185,12 +185,28 @@ def check_installed(item: ContractItem) -> str | None:
 
 # --- Checking against source files, without importing them ------------------------------------
 #
-# A module's *facts* are what the contract can ask about, read from its source with ``ast``:
-# {"classes": {qualname: {"methods": {name: [params]}, "attributes": [names], "bases": [names]}},
-#  "functions": {name: [params]}}. Facts come from installed files (doctor), from released files
-# (scripts/release_contracts.py, stored in contracts/releases.json) and from the stand-ins.
+# A module's *facts* (:class:`ModuleFacts`) are what the contract can ask about, read from its source
+# with ``ast``. Facts come from installed files (doctor), from released files
+# (scripts/release_contracts.py, stored in contracts/releases.json) and from the stand-ins. They are
+# plain dicts (they go to JSON as they are); the types below exist for readers and type checkers only,
+# since typing is not imported at activation.
 
-Facts = dict
+if TYPE_CHECKING:
+    from typing import NotRequired, TypedDict
+
+    class ClassFacts(TypedDict):
+        """One class: its methods' parameter names, the attributes it assigns, its bases' names."""
+
+        methods: dict[str, list[str]]
+        attributes: list[str]
+        bases: list[str]
+
+    class ModuleFacts(TypedDict):
+        """One module: its classes by qualname, its top-level functions' parameter names."""
+
+        classes: dict[str, ClassFacts]
+        functions: dict[str, list[str]]
+        requested: NotRequired[list[str]]  # contracts/releases.json: the names the contracts ask of it
 
 
 def module_relpaths(module: str) -> tuple[str, str]:
@@ -238,11 +254,11 @@ def _attributes(cls: ast.ClassDef) -> list[str]:
     return sorted(names)
 
 
-def extract_facts(tree: ast.Module, classes: set[str] | None = None) -> Facts:
+def extract_facts(tree: ast.Module, classes: set[str] | None = None) -> ModuleFacts:
     """The facts of a parsed module; ``classes`` limits them to those qualnames and their bases."""
     import ast
 
-    facts: Facts = {"classes": {}, "functions": {}}
+    facts: ModuleFacts = {"classes": {}, "functions": {}}
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
         for node in _body_nodes(body):
@@ -273,7 +289,7 @@ def extract_facts(tree: ast.Module, classes: set[str] | None = None) -> Facts:
     return facts
 
 
-def check_facts(item: ContractItem, facts: Facts | None) -> str | None:
+def check_facts(item: ContractItem, facts: ModuleFacts | None) -> str | None:
     """Check one item against its module's facts; return a problem line or None."""
     where = item.describe()
     if facts is None:
@@ -304,7 +320,7 @@ def check_facts(item: ContractItem, facts: Facts | None) -> str | None:
     return f"{where}: attribute never assigned"
 
 
-def source_facts(path: str) -> Facts:
+def source_facts(path: str) -> ModuleFacts:
     import ast
 
     with open(path, encoding="utf-8") as handle:
@@ -321,7 +337,7 @@ def installed_source(module: str) -> str | None:
     return None
 
 
-def installed_facts(module: str) -> Facts | None:
-    """Facts of a module from the first sys.path entry holding its source, without importing it."""
+def installed_facts(module: str) -> ModuleFacts | None:
+    """The facts of a module from the first sys.path entry holding its source, without importing it."""
     path = installed_source(module)
     return source_facts(path) if path else None

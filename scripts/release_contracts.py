@@ -66,7 +66,7 @@ def wanted(patches: list[Patch]) -> dict[str, dict[str, set[str]]]:
     return asked
 
 
-def module_facts(tree: ast.Module, names: set[str]) -> contracts.Facts:
+def module_facts(tree: ast.Module, names: set[str]) -> contracts.ModuleFacts:
     """The facts the asked names need: their classes (and same-module bases) with just the asked members."""
     classes = {name.rsplit(".", 1)[0] for name in names if "." in name}
     members = {name.rsplit(".", 1)[1] for name in names if "." in name}

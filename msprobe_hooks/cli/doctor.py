@@ -116,7 +116,7 @@ def patch_eligibility(patch: Patch) -> str:
     problem = patching.version_problem(patch, version)
     if problem:
         return f"would be skipped: {problem}"
-    facts: dict[str, contracts.Facts | None] = {}
+    facts: dict[str, contracts.ModuleFacts | None] = {}
     problems = []
     for item in patch.contract:
         if not contracts.applies(item, version):

@@ -20,7 +20,7 @@ verl (an inference-only container, an analysis laptop).
 """
 
 from msprobe_hooks.preflight.findings import check, installed, is_ppo_config, report, rollout_backend, rules_table
-from msprobe_hooks.preflight.model import ABSENT, Finding, Layout, Rule, Run, Wrong, hydra_value
+from msprobe_hooks.preflight.model import ABSENT, CheckedRun, Finding, Layout, Rule, Violation, hydra_value
 from msprobe_hooks.preflight.rules import RULES, dump_config_switch
 from msprobe_hooks.preflight.vocabulary import (
     GENERATE_CONFIG_PLACEHOLDER,
@@ -36,11 +36,11 @@ __all__ = [
     "RULES",
     "SKIP_KEYS",
     "TORCHDYNAMO_EXPORT",
+    "CheckedRun",
     "Finding",
     "Layout",
     "Rule",
-    "Run",
-    "Wrong",
+    "Violation",
     "check",
     "dump_config_switch",
     "hydra_value",

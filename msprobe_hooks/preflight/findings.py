@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from msprobe_hooks.config import Config
 from msprobe_hooks.contracts import module_version
-from msprobe_hooks.preflight.model import Finding, Run
+from msprobe_hooks.preflight.model import CheckedRun, Finding
 from msprobe_hooks.preflight.rules import RULES
 from msprobe_hooks.preflight.vocabulary import NO_BACKEND, ROLLOUT, ROLLOUT_MODULES, VLLM, VLLM_ASCEND
 
@@ -57,7 +57,7 @@ def check(
     rollout_backend_name: str | None = None,
 ) -> list[Finding]:
     """Every finding for this run, in rule order (empty when the pairing constraints all hold)."""
-    run = Run(
+    run = CheckedRun(
         config,
         settings,
         os.environ if environ is None else environ,
@@ -67,10 +67,10 @@ def check(
     for rule in RULES:
         if not rule.about(run.strategy) or not rule.applies(run):
             continue
-        wrong = rule.wrongs(run)
-        if wrong:
-            problem = "; ".join(w.problem for w in wrong)
-            findings.append(Finding(rule.name, problem, rule.why, tuple(dict.fromkeys(w.fix for w in wrong))))
+        violations = rule.violations(run)
+        if violations:
+            problem = "; ".join(v.problem for v in violations)
+            findings.append(Finding(rule.name, problem, rule.why, tuple(dict.fromkeys(v.fix for v in violations))))
     return findings
 
 

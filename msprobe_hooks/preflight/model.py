@@ -48,7 +48,7 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Wrong:
+class Violation:
     """One value that breaks a rule, and the override (or export) that repairs it."""
 
     problem: str
@@ -59,7 +59,7 @@ class Wrong:
 class Layout:
     """What the rules' wanted values depend on: the training strategy, the cards, the actor's Megatron sizes.
 
-    The check reads it from the config (:attr:`Run.layout`); ``recipe`` makes it from its arguments.
+    The check reads it from the config (:attr:`CheckedRun.layout`); ``recipe`` makes it from its arguments.
     """
 
     strategy: str
@@ -76,7 +76,7 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Run:
+class CheckedRun:
     """Everything the rules look at: the verl config, our own settings and the environment."""
 
     config: DictConfig
@@ -122,8 +122,8 @@ class Rule:
     title: str
     why: str
     wanted: Wanted | None = None
-    check: Callable[[Run], list[Wrong]] | None = None
-    applies: Callable[[Run], bool] = lambda run: True
+    check: Callable[[CheckedRun], list[Violation]] | None = None
+    applies: Callable[[CheckedRun], bool] = lambda run: True
     strategies: tuple[str, ...] | None = None  # the training strategies it is about (None: every one)
     where_present: bool = False  # keys an older verl lacks have nothing to switch off: check the config's only
     in_recipe: bool = True
@@ -135,7 +135,7 @@ class Rule:
     def about(self, strategy: str) -> bool:
         return self.strategies is None or strategy in self.strategies
 
-    def wrongs(self, run: Run) -> list[Wrong]:
+    def violations(self, run: CheckedRun) -> list[Violation]:
         """What breaks this rule in ``run`` (empty when it holds)."""
         if self.wanted is None:
             return self.check(run) if self.check else []
@@ -169,17 +169,17 @@ def _same(actual: object, wanted: object) -> bool:
     return not isinstance(actual, bool) and actual == wanted
 
 
-def expect(run: Run, key: str, wanted: object) -> Wrong | None:
+def expect(run: CheckedRun, key: str, wanted: object) -> Violation | None:
     """``key`` must be ``wanted``; a missing key is added with ``++``."""
     actual = run.get(key)
     if _same(actual, wanted):
         return None
     prefix = "++" if actual is ABSENT else ""
-    return Wrong(f"{key} is {_shown(actual)}, needs {hydra_value(wanted)}", f"{prefix}{key}={hydra_value(wanted)}")
+    return Violation(f"{key} is {_shown(actual)}, needs {hydra_value(wanted)}", f"{prefix}{key}={hydra_value(wanted)}")
 
 
-def expect_all(run: Run, wanted: Mapping[str, object]) -> list[Wrong]:
-    return [wrong for key, value in wanted.items() if (wrong := expect(run, key, value))]
+def expect_all(run: CheckedRun, wanted: Mapping[str, object]) -> list[Violation]:
+    return [violation for key, value in wanted.items() if (violation := expect(run, key, value))]
 
 
 def fixed(wanted: dict[str, object]) -> Wanted:

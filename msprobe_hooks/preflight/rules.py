@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from msprobe_hooks.config import LOG_PROB, read_msprobe_config
-from msprobe_hooks.preflight.model import ABSENT, Layout, Rule, Run, Wrong, fixed, hydra_value
+from msprobe_hooks.preflight.model import ABSENT, CheckedRun, Layout, Rule, Violation, expect, fixed, hydra_value
 from msprobe_hooks.preflight.vocabulary import (
     ACTOR,
     ASCEND_DUMP_KEYS,
@@ -29,7 +29,7 @@ from msprobe_hooks.preflight.vocabulary import (
     VLLM,
     VLLM_ASCEND,
 )
-from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training import prompts_only, virtual_pipeline
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -54,13 +54,15 @@ def _sequence_parallel(layout: Layout) -> dict[str, object]:
     return {f"{role}.{size}": 1 for role in (ACTOR, REF)}
 
 
-def _torchdynamo(run: Run) -> list[Wrong]:
-    wrong = []
+def _torchdynamo(run: CheckedRun) -> list[Violation]:
+    violations = []
     for name, value in TORCHDYNAMO_EXPORT.items():
         in_ray_env = run.get(f"ray_kwargs.ray_init.runtime_env.env_vars.{name}")
         if run.environ.get(name) != value and str(in_ray_env) != value:
-            wrong.append(Wrong(f"{name} is {run.environ.get(name, 'unset')}, needs {value}", f"export {name}={value}"))
-    return wrong
+            violations.append(
+                Violation(f"{name} is {run.environ.get(name, 'unset')}, needs {value}", f"export {name}={value}")
+            )
+    return violations
 
 
 def _fsdp_parallel(layout: Layout) -> dict[str, object]:
@@ -75,10 +77,10 @@ def _megatron_parallel(layout: Layout) -> dict[str, object]:
     return wanted
 
 
-def _strategy(run: Run) -> list[Wrong]:
+def _strategy(run: CheckedRun) -> list[Violation]:
     if run.strategy in TRAINING_STRATEGIES:
         return []
-    return [Wrong(f"{ACTOR}.strategy is {run.strategy}", "model_engine=dp (FSDP) or model_engine=megatron")]
+    return [Violation(f"{ACTOR}.strategy is {run.strategy}", "model_engine=dp (FSDP) or model_engine=megatron")]
 
 
 _ROLLOUT_CORRECTION = "algorithm.rollout_correction"
@@ -94,16 +96,28 @@ _megatron_prompt_forward_blockers = fixed(
 )
 
 
-def _prompts_only_mode(run: Run) -> str:
+_VIRTUAL_PIPELINE = f"{ACTOR}.megatron.{virtual_pipeline.CONFIG_KEY}"
+
+
+def _virtual_pipeline(run: CheckedRun) -> list[Violation]:
+    """Null (or absent) and 1 are off; the Megatron engine patch would refuse anything else."""
+    size = run.get(_VIRTUAL_PIPELINE)
+    if size is ABSENT or size is None or (size == 1 and not isinstance(size, bool)):
+        return []
+    violation = expect(run, _VIRTUAL_PIPELINE, None)
+    return [violation] if violation else []
+
+
+def _prompts_only_mode(run: CheckedRun) -> str:
     """The mode the job will run in: PROMPTS_ONLY=1 trims by itself with Megatron pipeline parallelism."""
     pipeline = run.layout.megatron.get("pipeline_model_parallel_size", 1)
     return prompts_only.mode(run.settings, pipeline)
 
 
-def _native_debugger(run: Run) -> list[Wrong]:
+def _native_debugger(run: CheckedRun) -> list[Violation]:
     # Role tools interpolate the global one by default: name only the keys that were set.
     return [
-        Wrong(f"{key} is precision_debugger", f"{key}=null")
+        Violation(f"{key} is precision_debugger", f"{key}=null")
         for key in PROFILER_TOOL_KEYS
         if run.get(key) == "precision_debugger" and not _is_interpolation(run.config, *key.rsplit(".", 1))
     ]
@@ -116,14 +130,14 @@ def _is_interpolation(config: DictConfig, parent: str, leaf: str) -> bool:
     return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_interpolation(node, leaf)
 
 
-def _dump_config_file(key: str, path: object) -> list[Wrong]:
+def _dump_config_file(key: str, path: object) -> list[Violation]:
     """A dump config named in the verl config must exist here and be one msprobe accepts."""
     if not isinstance(path, str):
         return []  # inline dict (vLLM-Ascend >= 0.20.2): msprobe checks it
     try:
         read_msprobe_config(key, path)
     except ValueError as exc:
-        return [Wrong(str(exc), f"++{key}=<an existing msprobe config.json>")]
+        return [Violation(str(exc), f"++{key}=<an existing msprobe config.json>")]
     return []
 
 
@@ -144,7 +158,7 @@ def _switch_fix(backend: str, path: str) -> str:
     return " ".join([*(f"export {name}={value}" for name, value in exports.items()), *overrides])
 
 
-def _inference_dump_config(run: Run) -> list[Wrong]:
+def _inference_dump_config(run: CheckedRun) -> list[Violation]:
     backend = run.rollout_backend
     generate = run.settings.generate_config
     suggested = generate or GENERATE_CONFIG_PLACEHOLDER
@@ -155,7 +169,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
                 return _dump_config_file(key, value)
         note = " (MSPROBE_GENERATE_CONFIG is not read by vLLM-Ascend)" if generate else ""
         return [
-            Wrong(
+            Violation(
                 f"vLLM-Ascend rollout without additional_config.dump_config_path{note}",
                 _switch_fix(backend, suggested),
             )
@@ -167,7 +181,7 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
         if value is not ABSENT and value is not None:
             return _dump_config_file(SGLANG_DUMP_KEY, value)
         return [
-            Wrong(
+            Violation(
                 "SGLang rollout without msprobe_dump_config or MSPROBE_GENERATE_CONFIG",
                 _switch_fix(backend, suggested),
             )
@@ -178,14 +192,14 @@ def _inference_dump_config(run: Run) -> list[Wrong]:
         ascend_only = run.get(ASCEND_DUMP_KEYS[0]) not in (ABSENT, None)
         note = "; additional_config.dump_config_path is read by vLLM-Ascend only" if ascend_only else ""
         return [
-            Wrong(
+            Violation(
                 f"GPU vLLM rollout without MSPROBE_GENERATE_CONFIG (vLLM has no msprobe switch of its own{note})",
                 _switch_fix(backend, suggested),
             )
         ]
     if backend == NO_BACKEND:
-        return [Wrong(f"{ROLLOUT}.name is not set", f"{ROLLOUT}.name=vllm (or sglang)")]
-    return [Wrong(f"rollout {backend} has no msprobe inference dump", f"{ROLLOUT}.name=vllm (or sglang)")]
+        return [Violation(f"{ROLLOUT}.name is not set", f"{ROLLOUT}.name=vllm (or sglang)")]
+    return [Violation(f"rollout {backend} has no msprobe inference dump", f"{ROLLOUT}.name=vllm (or sglang)")]
 
 
 RULES: tuple[Rule, ...] = (
@@ -297,6 +311,13 @@ RULES: tuple[Rule, ...] = (
         "Megatron: ref and rollout TP, PP and EP equal the actor's",
         "with equal TP, PP and EP the layers are sharded identically, so rank M on each side holds the same shard",
         wanted=_megatron_parallel,
+        strategies=(MEGATRON,),
+    ),
+    Rule(
+        "virtual-pipeline",
+        f"Megatron: {_VIRTUAL_PIPELINE} is null or 1 (no virtual pipeline parallelism)",
+        f"{virtual_pipeline.REASON}; the Megatron engine patch refuses it at the first dumped pass, after the rollout",
+        check=_virtual_pipeline,
         strategies=(MEGATRON,),
     ),
     Rule(

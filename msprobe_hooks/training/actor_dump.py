@@ -16,7 +16,8 @@ lives here, shared by both engines:
   (:meth:`ActorDumper.extra_forwards`), each in its own window, while the real forward runs
   undumped; ``DUMP_REQUEST_IDS`` chooses the samples whose windows are dumped;
 * every micro-batch of an actor's log-prob pass, dumped or not, gets its samples' log-prob gap
-  (:meth:`ActorDumper.log_prob_gap`, ``logprob_gap.jsonl``) when it holds the rollout's log-probs.
+  (:meth:`ActorDumper.log_prob_gap`, ``logprob_gap.jsonl``, written by :mod:`.logprob_gap`) when it
+  holds the rollout's log-probs.
 
 Nothing here imports torch, verl or msprobe at import time.
 """
@@ -99,7 +100,7 @@ class ActorDumper:
         self._window: DumpWindow | None = None
         self._debugger: Any = None
         self._log: JsonlLog | None = None
-        self._gap_log: JsonlLog | None = None
+        self._gap_log = logprob_gap.GapLog(lambda cfg: self.dump_root(cfg)[1])
         self._root: tuple[str, str] | None = None  # (actor config path, training dump root)
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
 
@@ -398,60 +399,14 @@ class ActorDumper:
     # --- the log-prob gap ----------------------------------------------------------------------
 
     def log_prob_gap(self, current: Pass, micro_batch: Any, result: Any) -> None:
-        """The ``logprob_gap.jsonl`` lines of one micro-batch of an actor's log-prob pass: one per sample.
+        """The ``logprob_gap.jsonl`` lines of one micro-batch of an actor's log-prob pass, one per sample
+        (:class:`~msprobe_hooks.training.logprob_gap.GapLog` writes them).
 
         ``result`` is what the engine's forward returned for it (FSDP's ``forward_step``, Megatron's
-        ``postprocess_micro_batch_func``): its last item holds ``model_output["log_probs"]``. Nothing is
-        written without the rollout's log-probs in the micro-batch (``rollout.calculate_log_probs=False``)
-        or without log-probs in the output (a distillation-only pass). The root is the training dump's,
-        found without making a debugger: the gap is logged whether or not anything is dumped.
+        ``postprocess_micro_batch_func``). The root is the training dump's, found without making a
+        debugger: the gap is logged whether or not anything is dumped.
         """
-        if not logprob_gap.has_rollout_log_probs(micro_batch):
-            return
-        log_probs = _output_log_probs(result)
-        if log_probs is None:
-            return
-        import torch
-
-        cfg = current.patch.config
-        samples = describe_samples(micro_batch)
-        with torch.no_grad():
-            gaps = logprob_gap.statistics(log_probs, micro_batch, samples, cfg.gap_threshold)
-        global_step = global_step_of(micro_batch)
-        if self._gap_log is None:
-            self._gap_log = JsonlLog(self.dump_root(cfg)[1], join_keys.GAP_LOG)
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
-        for sample, gap in zip(samples, gaps, strict=True):
-            if sample.padding:  # verl's filler samples (upsample_batch_to_divisible_size): no rollout behind them
-                continue
-            record = {
-                "source": join_keys.GAP_SOURCE,
-                "timestamp": join_keys.timestamp(),
-                "pid": os.getpid(),
-                "rank": rank,
-                "global_step": global_step,
-                "micro_batch": current.micro_batch,
-                "sample": sample.index,
-                "request_id": sample.request_id,
-                "uid": sample.uid,
-                "session_id": sample.session_id,
-                "prompt_len": sample.prompt_len,
-                "prompt_hash": sample.prompt_hash,
-                "tokens": gap.tokens,
-                "max": gap.max,
-                "mean": gap.mean,
-                "argmax": gap.argmax,
-                "over": gap.over,
-                "threshold": cfg.gap_threshold,
-                "probs_diff_max": gap.probs_diff_max,
-                "probs_diff_mean": gap.probs_diff_mean,
-            }
-            try:
-                self._gap_log.write(record)
-            except OSError as exc:  # a full or removed dump root: one line naming the cause
-                what = f"the {join_keys.GAP_LOG} lines of micro-batch {current.micro_batch}"
-                storage.report_loss(what, exc, self._gap_log.path, patching.strict())
-                return
+        self._gap_log.write(current.patch.config, current.micro_batch, micro_batch, result)
 
 
 def extra_forward_kinds(cfg: config_module.Config, prompts_only_mode: str, micro_batch: Any) -> tuple[str, ...]:
@@ -466,14 +421,6 @@ def extra_forward_kinds(cfg: config_module.Config, prompts_only_mode: str, micro
 
 def _cut(micro_batch: Any, samples: list[SampleInfo], kinds: tuple[str, ...]) -> dict[str, list[Any]]:
     return {kind: _EXTRA[kind][0](micro_batch, samples) for kind in kinds}
-
-
-def _output_log_probs(result: Any) -> Any:
-    """``model_output["log_probs"]`` of an engine forward's result (``(loss, output)`` or Megatron's
-    ``(loss, tokens, output)``), or None."""
-    output = result[-1] if isinstance(result, tuple) and result else None
-    model_output = output.get("model_output") if isinstance(output, dict) else None
-    return model_output.get("log_probs") if isinstance(model_output, dict) else None
 
 
 _FAILED = object()  # what a guarded forward returns when it raised

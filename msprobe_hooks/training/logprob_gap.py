@@ -25,15 +25,25 @@ token ``t + 1``): response token ``j`` of a sample of ``S`` tokens with ``R`` re
   come from the kept ``attention_mask`` (:func:`~msprobe_hooks.training.micro_batch.prompt_lengths`).
 
 The work runs on the log-probs' device: the rollout's rows go there (they arrive with the micro-batch,
-on the host), and one small tensor, seven numbers per sample, comes back. Nothing here imports torch at
-import time.
+on the host), and one small tensor, seven numbers per sample, comes back.
+
+:class:`GapLog` writes the result, ``logprob_gap.jsonl`` (one line per sample of every micro-batch of an
+actor's log-prob pass), for :class:`~msprobe_hooks.training.actor_dump.ActorDumper`, which calls it from
+the engine patches. Nothing here imports torch at import time.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from msprobe_hooks.training.micro_batch import SampleInfo, row_lengths
+from msprobe_hooks import join_keys, patching, storage
+from msprobe_hooks.jsonl import JsonlLog
+from msprobe_hooks.training.micro_batch import SampleInfo, describe_samples, global_step_of, row_lengths
+
+if TYPE_CHECKING:
+    from msprobe_hooks.config import Config
 
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # verl's key, in both trainers
 _MASK_KEYS = ("response_mask", "loss_mask")  # loss_mask: verl's alias of it (left_right_2_no_padding)
@@ -130,3 +140,77 @@ def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], thre
             continue
         gaps.append(SampleGap(int(n), gap_max, total / n, int(k) - start, int(over), probs_max, probs_total / n))
     return gaps
+
+
+def output_log_probs(result: Any) -> Any:
+    """``model_output["log_probs"]`` of an engine forward's result (``(loss, output)`` or Megatron's
+    ``(loss, tokens, output)``), or None."""
+    output = result[-1] if isinstance(result, tuple) and result else None
+    model_output = output.get("model_output") if isinstance(output, dict) else None
+    return model_output.get("log_probs") if isinstance(model_output, dict) else None
+
+
+class GapLog:
+    """This process's ``logprob_gap.jsonl``, opened under the training dump root at its first line.
+
+    ``root(cfg)`` gives that root (the actor config's ``dump_path``, else the default), read only when
+    a first line is due: the gap is logged whether or not anything is dumped.
+    """
+
+    def __init__(self, root: Callable[[Config], str]) -> None:
+        self._root = root
+        self._log: JsonlLog | None = None
+
+    def write(self, cfg: Config, micro_batch_index: int, micro_batch: Any, result: Any) -> None:
+        """The lines of one micro-batch (``micro_batch_index`` in its pass) of an actor's log-prob pass: one per sample.
+
+        ``result`` is what the engine's forward returned for it (FSDP's ``forward_step``, Megatron's
+        ``postprocess_micro_batch_func``): its last item holds ``model_output["log_probs"]``. Nothing is
+        written without the rollout's log-probs in the micro-batch (``rollout.calculate_log_probs=False``)
+        or without log-probs in the output (a distillation-only pass).
+        """
+        if not has_rollout_log_probs(micro_batch):
+            return
+        log_probs = output_log_probs(result)
+        if log_probs is None:
+            return
+        import torch
+
+        samples = describe_samples(micro_batch)
+        with torch.no_grad():
+            gaps = statistics(log_probs, micro_batch, samples, cfg.gap_threshold)
+        global_step = global_step_of(micro_batch)
+        if self._log is None:
+            self._log = JsonlLog(self._root(cfg), join_keys.GAP_LOG)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
+        for sample, gap in zip(samples, gaps, strict=True):
+            if sample.padding:  # verl's filler samples (upsample_batch_to_divisible_size): no rollout behind them
+                continue
+            record = {
+                "source": join_keys.GAP_SOURCE,
+                "timestamp": join_keys.timestamp(),
+                "pid": os.getpid(),
+                "rank": rank,
+                "global_step": global_step,
+                "micro_batch": micro_batch_index,
+                "sample": sample.index,
+                "request_id": sample.request_id,
+                "uid": sample.uid,
+                "session_id": sample.session_id,
+                "prompt_len": sample.prompt_len,
+                "prompt_hash": sample.prompt_hash,
+                "tokens": gap.tokens,
+                "max": gap.max,
+                "mean": gap.mean,
+                "argmax": gap.argmax,
+                "over": gap.over,
+                "threshold": cfg.gap_threshold,
+                "probs_diff_max": gap.probs_diff_max,
+                "probs_diff_mean": gap.probs_diff_mean,
+            }
+            try:
+                self._log.write(record)
+            except OSError as exc:  # a full or removed dump root: one line naming the cause
+                what = f"the {join_keys.GAP_LOG} lines of micro-batch {micro_batch_index}"
+                storage.report_loss(what, exc, self._log.path, patching.strict())
+                return

@@ -23,7 +23,7 @@ CASES = [
 ]
 
 
-def standin_facts(module: str) -> contracts.Facts | None:
+def standin_facts(module: str) -> contracts.ModuleFacts | None:
     for rel in contracts.module_relpaths(module):
         path = SITE / rel
         if path.is_file():

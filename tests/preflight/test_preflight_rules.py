@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from msprobe_hooks import config as config_module
 from msprobe_hooks import preflight
 from msprobe_hooks.preflight import findings, recipe, verl_config
+from msprobe_hooks.training import virtual_pipeline
 
 GPUS = 4
 
@@ -143,6 +144,18 @@ CASES = [
         {"rollout-n"},  # PP halves DP; PROMPTS_ONLY=1 is trim with PP > 1, so no prompts-only finding
         "megatron",
         env={"PROMPTS_ONLY": "1"},
+    ),
+    Case(
+        "megatron-virtual-pipeline",
+        ["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
+        {"virtual-pipeline"},
+        "megatron",
+    ),
+    Case(
+        "megatron-virtual-pipeline-one",
+        ["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=1"],
+        set(),  # one chunk per rank: off
+        "megatron",
     ),
     Case("fsdp-prompt-forward", [], set(), env={"PROMPTS_ONLY": "1"}),
     Case(
@@ -374,3 +387,9 @@ def test_hydra_values_are_written_as_overrides_parse_them(value, text):
 def test_rule_names_are_unique():
     names = [rule.name for rule in preflight.RULES]
     assert len(names) == len(set(names))
+
+
+def test_the_virtual_pipeline_rule_gives_the_engine_patchs_reason():
+    (rule,) = [rule for rule in preflight.RULES if rule.name == "virtual-pipeline"]
+    assert virtual_pipeline.REASON in rule.why
+    assert f"(2 model chunks per rank) is not supported: {virtual_pipeline.REASON};" in virtual_pipeline.refusal(2)

@@ -34,7 +34,7 @@ print(json.dumps({{"pid": os.getpid(), "outputs": outputs, "overlap_thread": sch
 """
 
 
-def standin_facts(version: str, module: str) -> contracts.Facts | None:
+def standin_facts(version: str, module: str) -> contracts.ModuleFacts | None:
     """The facts of a stand-in module as Python sees its classes, or None where the version has no such module.
 
     ``contracts.extract_facts`` reads one file; a stand-in class may take fields from a base in

@@ -59,28 +59,28 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         return packs_samples(micro_batch) and getattr(engine, "ulysses_sequence_parallel_size", 1) == 1
 
     def dumped_forward(current: Any, instance: Any, wrapped: Any, args: tuple, kwargs: dict, micro_batch: Any) -> Any:
-        state = dumper()
+        actor_dumper = dumper()
         if current.phase == LOG_PROB:
             kinds = ctx.guarded("reading the micro-batch's mode", wanted_forwards, micro_batch, default=())
             if kinds:
                 ctx.guarded("the extra forwards", extra_forwards, current, instance, wrapped, micro_batch, kinds)
                 return wrapped(*args, **kwargs)
-        chosen = ctx.guarded("reading the requests", state.holds_selected, current, micro_batch, default=True)
+        chosen = ctx.guarded("reading the requests", actor_dumper.holds_selected, current, micro_batch, default=True)
         if not chosen:  # DUMP_REQUEST_IDS names none of its samples
             return wrapped(*args, **kwargs)
         whole = ctx.guarded("reading the micro-batch's packing", packed, instance, micro_batch, default=False)
-        state.open(getattr(instance, "module", None), current, MICRO_BATCH, micro_batch, packed=whole)
+        actor_dumper.open(getattr(instance, "module", None), current, MICRO_BATCH, micro_batch, packed=whole)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException:
-            state.close()
+            actor_dumper.close()
             raise
-        state.forward_done(current.phase, result)
+        actor_dumper.forward_done(current.phase, result)
         return result
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        state = dumper()
-        current = state.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
+        actor_dumper = dumper()
+        current = actor_dumper.begin_micro_batch(instance)  # None for a stand-in self: not our pass's engine
         if current is None:
             return wrapped(*args, **kwargs)
         micro_batch = patching.argument(args, kwargs, "micro_batch", 0, None)
@@ -89,7 +89,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         else:
             result = wrapped(*args, **kwargs)
         if current.wants_gap:  # after the window closed
-            ctx.guarded("the log-prob gap", state.log_prob_gap, current, micro_batch, result)
+            ctx.guarded("the log-prob gap", actor_dumper.log_prob_gap, current, micro_batch, result)
         return result
 
     ctx.wrap(module.FSDPEngine, "forward_backward_batch", forward_backward_batch)

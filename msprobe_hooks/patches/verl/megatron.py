@@ -35,7 +35,7 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.join_keys import LAYER_OFFSET
-from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training import prompts_only, virtual_pipeline
 from msprobe_hooks.training.actor_dump import MICRO_BATCH, DumpRefused, dumper, extra_forward_kinds
 from msprobe_hooks.training.micro_batch import is_trimmed, packs_samples
 
@@ -80,11 +80,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
 
     def refuse(instance: Any, phase: str, data: Any) -> None:
         if len(instance.module) > 1:
-            raise DumpRefused(
-                f"DUMP_ON=1 with virtual pipeline parallelism ({len(instance.module)} model chunks per rank) "
-                "is not supported: micro-batches interleave across chunks, so no dump can hold exactly one; "
-                "set virtual_pipeline_model_parallel_size to null for the collection run"
-            )
+            raise DumpRefused(virtual_pipeline.refusal(len(instance.module)))
         if phase != LOG_PROB:
             return
         prompts = ctx.config.prompts_only == prompts_only.FORWARD
@@ -139,8 +135,8 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         return dumper().run_pass(ctx, wrapped, instance, args, kwargs, is_actor, refuse)
 
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        state = dumper()
-        current = state.begin_micro_batch(instance)
+        actor_dumper = dumper()
+        current = actor_dumper.begin_micro_batch(instance)
         if current is None or not (current.due or current.wants_gap):
             return wrapped(*args, **kwargs)
         # Take the micro-batch now (on the host, as the schedule hands it); the real forward_step gets it
@@ -172,7 +168,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
 
                 ctx.guarded(
                     "the extra forwards",
-                    state.extra_forwards,
+                    actor_dumper.extra_forwards,
                     current,
                     micro_batch,
                     list(instance.module),
@@ -182,32 +178,32 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
                     kinds,
                 )
                 return wrapped(*args, **kwargs)
-        chosen = ctx.guarded("reading the requests", state.holds_selected, current, micro_batch, default=True)
+        chosen = ctx.guarded("reading the requests", actor_dumper.holds_selected, current, micro_batch, default=True)
         if not chosen:  # DUMP_REQUEST_IDS names none of its samples
             return wrapped(*args, **kwargs)
         whole = ctx.guarded("reading the micro-batch's packing", packed, instance, micro_batch, default=False)
         # postprocess names the micro-batch (the device copy the forward used).
-        state.open(list(instance.module), current, MICRO_BATCH, packed=whole)
+        actor_dumper.open(list(instance.module), current, MICRO_BATCH, packed=whole)
         try:
             return wrapped(*args, **kwargs)
         except BaseException:
-            state.close()
+            actor_dumper.close()
             raise
 
     def postprocess_micro_batch_func(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        state = dumper()
-        current = state.current
+        actor_dumper = dumper()
+        current = actor_dumper.current
         if current is None or current.engine is not instance:
             return wrapped(*args, **kwargs)
-        window = current.due and state.window_open
+        window = current.due and actor_dumper.window_open
         if window:
-            state.attach(patching.argument(args, kwargs, "data", 1))
+            actor_dumper.attach(patching.argument(args, kwargs, "data", 1))
         result = wrapped(*args, **kwargs)
         if window:
-            state.forward_done(current.phase, result)
+            actor_dumper.forward_done(current.phase, result)
         micro_batch, current.gap_batch = current.gap_batch, None
         if micro_batch is not None:  # after the window closed
-            ctx.guarded("the log-prob gap", state.log_prob_gap, current, micro_batch, result)
+            ctx.guarded("the log-prob gap", actor_dumper.log_prob_gap, current, micro_batch, result)
         return result
 
     ctx.wrap(module.MegatronEngine, "forward_backward_batch", forward_backward_batch)

@@ -177,7 +177,7 @@ def tensor_file(dump: str, data_name: str | None) -> str | None:
 
 
 def load_tensor(path: str) -> Any:
-    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor (torch is imported only here)."""
+    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor (torch imported when called, not with this module)."""
     import torch
 
     if path.endswith(".npy"):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from msprobe_hooks.analysis import compare, dumpfile, names
+from msprobe_hooks.analysis import dumpfile
+from msprobe_hooks.analysis.comparing import compare, names
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "golden" / "verdict" / "bf16-clean" / "generate"
 CHUNK = 4096

@@ -58,7 +58,13 @@ def _peak_mb(code: str) -> tuple[float, list[str]]:
 def _memory(template: str, folder: Path) -> None:
     """Peak memory above the imports at each of :data:`LARGE_MB`: json.load, the reader alone, compare's side."""
     per_layer = 10 * 2**10  # about what one decoder layer of the real dump takes; checked against the size below
-    imports = "import json\nfrom msprobe_hooks.analysis import dumpfile\nfrom msprobe_hooks.analysis.comparing import compare, names"
+    imports = "\n".join(
+        [
+            "import json",
+            "from msprobe_hooks.analysis import dumpfile",
+            "from msprobe_hooks.analysis.comparing import compare, names",
+        ]
+    )
     base = _peak_mb(imports)[0]
     print(f"  peak memory reading a dump.json (real, its layers repeated), above the imports ({base:.0f} MB):")
     for megabytes in LARGE_MB:

@@ -177,7 +177,8 @@ def tensor_file(dump: str, data_name: str | None) -> str | None:
 
 
 def load_tensor(path: str) -> Any:
-    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor (torch imported when called, not with this module)."""
+    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor; torch is imported here, on the call, not with the
+    module: statistics dumps never need it."""
     import torch
 
     if path.endswith(".npy"):

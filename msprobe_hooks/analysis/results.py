@@ -74,10 +74,11 @@ class Unpaired(_Text):
 
 
 # Relative error of max/min/norm (tensor mode: ||a-b||/||b||) above which a tensor diverges.
-# Measured (reference/train-vs-vllm-dumps.md): identical weights in fp32 <= 1.3e-6; vLLM in bf16
-# against fp32 training up to 1.2e-2 (max/min), 4.3e-3 (norm); one linear's weights x1.05:
-# 4.8e-2 on that linear's output. 2e-2 sits between "the same maths in another precision" and
-# "changed weights"; for fp32 on both sides, --threshold 1e-4 also catches sub-percent changes.
+# Measured on real verl FSDP2 / vLLM pairs (docs/analysis.md, "Threshold and verdict"; tests/analysis/test_compare.py
+# and test_verdict.py on such pairs): identical weights in fp32 <= 1.3e-6; vLLM in bf16 against fp32 training up to
+# 1.2e-2 (max/min), 4.3e-3 (norm); one linear's weights x1.05: 4.8e-2 on that linear's output. 2e-2 sits between
+# "the same maths in another precision" and "changed weights"; for fp32 on both sides, --threshold 1e-4 also catches
+# sub-percent changes.
 DEFAULT_THRESHOLD = 2e-2
 # The statistics a verdict is taken on. The mean is reported but not thresholded: on activations
 # whose mean is near zero its relative error is large for the same maths (1.8e-4 measured on

@@ -1,4 +1,4 @@
-"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl``: the command around :mod:`.analysis.align`."""
+"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl``: the command around :mod:`.analysis.pairing.align`."""
 
 from __future__ import annotations
 

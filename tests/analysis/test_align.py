@@ -388,7 +388,10 @@ def test_ranks_fsdp_and_megatron(training, gen, tmp_path):
 
 
 def test_recipe_logs_collected_by_hand(training, gen, tmp_path):
-    """Lines as the recipe's engine patch and DispatchLogger write them (fields of recipe.md §4.9, §6)."""
+    """Lines as the published recipe's engine patch and DispatchLogger write them: training lines of ``source``,
+    ``timestamp``, ``pid``, ``rank``, ``step``, ``request_ids``, ``num_requests``; dispatch lines of ``phase``,
+    ``total_num_scheduled_tokens`` and ``requests`` rows (``request_id``, ``type``, ``tokens``). docs/analysis.md
+    says what align reads of them."""
     train = tmp_path / "actor"
     recipe_lines = []
     for line in train_lines(training):

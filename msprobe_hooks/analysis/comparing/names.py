@@ -8,8 +8,10 @@ gets a reason instead of a key.
 The correspondence itself is data: the rules of ``name_map.yaml`` (shipped), extended or overridden
 by a user's file (``compare --mapping``). A rule names a canonical module, the dumped names it covers
 and how its tensors compare (:data:`KINDS`); this module only applies them. The built-in rules are the
-measured ones of ``reference/train-vs-vllm-dumps.md`` (FSDP2 against vLLM 0.32 and SGLang 0.5.21) and
-Megatron's names (``reference/real-megatron-cpu.md``).
+correspondence measured on real dumps, verl 0.9.1's FSDP2 engine against vLLM 0.32 and SGLang 0.5.21 and its Megatron
+engine against vLLM: the table of docs/analysis.md ("What is compared with what"); the dumps are kept in
+``tests/golden`` (its README says what each holds) and compared by ``tests/analysis/test_golden.py`` and
+``test_megatron_pairs.py``. The rules' grammar is ``name_map.yaml``'s header.
 
 Entries that are not ``Module.<path>.<Class>.forward.<n>`` (msprobe's API rows at level mix,
 backward rows) are classified, never mapped.

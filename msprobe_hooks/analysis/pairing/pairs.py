@@ -1,6 +1,7 @@
 """The ``pairs.jsonl`` file that ``align`` writes and ``compare`` reads: one schema, here.
 
-One line per pair, every field shown::
+One line per pair; every field written on every line shown (two are written only when set: ``generate.shards``
+and ``train.layer_offset``, below)::
 
     {"pair": 0, "rule": "request_id", "key": "job-3", "prompt_len": 12, "rank_rule": "same",
      "train":    {"dump": "...dump.json", "step": 3, "rank": 0, "pid": 811, "log": "...jsonl", "line": 4,
@@ -23,10 +24,11 @@ inference step packed several requests and msprobe's ``request_id`` filter cut t
 ``offset``/``tokens`` are the request's rows in that step. ``generate.shards``, only for an engine of
 several tensor-parallel ranks, lists the prefill's dump on every rank of that engine (``rank``, ``pid``,
 ``step``, ``line``, ``dump``, ``log``; the pair's own ``generate`` rank among them): compare makes the
-split tensors whole from them (:mod:`shards`). ``line`` is the log line each side came
-from, ``format`` whose log it was (``msprobe-hooks`` or the published ``recipe``). Paths are absolute,
-or relative to the folder of the pairs file (so a pairs file edited by hand, or moved with its dump
-trees, still resolves). Unknown fields are kept: a newer ``align`` may add some.
+split tensors whole from them (``analysis/comparing/shards.py``). ``train.layer_offset``, only where the training
+log says it (Megatron), is the model's number of the dumped pipeline stage's first decoder layer (0 without pipeline
+parallelism). ``line`` is the log line each side came from, ``format`` whose log it was (``msprobe-hooks`` or
+the published ``recipe``). Paths are absolute, or relative to the folder of the pairs file (so a pairs file edited
+by hand, or moved with its dump trees, still resolves). Unknown fields are kept: a newer ``align`` may add some.
 """
 
 from __future__ import annotations

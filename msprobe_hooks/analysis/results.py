@@ -53,6 +53,28 @@ class FirstRule(_Text):
     ROUTING = "routing"  # routing.py: a router sent tokens to other experts, at or before any numeric divergence
 
 
+class Cause(_Text):
+    """What kind of cause the diagnosis names (answer/diagnosis.py; docs/analysis.md, "What kind of cause")."""
+
+    MODULE = "module"  # a module computes differently on agreeing inputs: its weights or its kernel
+    SAMPLING = "sampling"  # a transform after the logits on one side only (temperature, top-k/p)
+    INPUTS = "inputs"  # the two sides were fed different token ids
+    PRECISION = "precision"  # one side runs a module, or the whole model, in another dtype
+    CONFIGURATION = "configuration"  # the engines' model configurations differ in a numerics field
+    ROUTING = "routing"  # MoE tokens sent to other experts beyond the rounding at near ties
+    NOISE = "noise"  # both sides in one low precision, every error within its floor: no single culprit
+    NONE = "none"  # no gap beyond the noise and nothing differs
+    UNKNOWN = "unknown"  # a gap beyond the noise that nothing compared explains
+
+
+class DiagnosisPath(_Text):
+    """Where on the way to the log-probs a diagnosis's cause is (None: nowhere in particular)."""
+
+    PREFILL = "prefill"  # the prompt's forward: every response token inherits it
+    DECODE = "decode"  # decode tokens only: the prompt's forward agrees
+    AFTER_LOGITS = "after the logits"  # the modules agree; what is made of the logits differs
+
+
 class Unpaired(_Text):
     """Why ``align`` left a dump unpaired, in the order its table lists them."""
 
@@ -195,6 +217,8 @@ class PairResult:
     numeric_first: str = ""  # with first_rule "routing": the first numeric divergence (module io), if any
     routing_noise_layer: int | None = None  # the numeric first divergence's layer, whose router flipped within noise
     routing: list[RoutingLayer] = dataclasses.field(default_factory=list, repr=False, metadata={"column": False})
+    # Facts of the compared rows the diagnosis reads (answer/diagnosis.py); None where nothing was compared.
+    row_facts: RowFacts | None = dataclasses.field(default=None, repr=False, metadata={"column": False})
 
     def record(self) -> dict[str, Any]:
         return {name: _cell(getattr(self, name)) for name in PAIR_RESULT_COLUMNS}
@@ -214,6 +238,27 @@ OPTIONAL_PAIR_COLUMNS: tuple[str, ...] = (
     "numeric_first",
     "routing_noise_layer",
 )
+
+
+@dataclass
+class RowFacts:
+    """What a pair's compared rows say beyond its verdict, as the engines dumped them: facts, never a decision.
+
+    ``dtypes``: (training dtype, inference dtype) -> how many compared floating-point rows carry that pair;
+    ``other_dtypes``: "module io" -> its dtypes, for the floating rows whose pair is not the most common one (an
+    lm_head in float32 among bfloat16 rows); ``integer_rows``: "module io" -> error, for the compared rows of
+    integer tensors on both sides (the token ids fed to the embedding): their statistics are exact, so any error
+    above 0 means the values differ.
+    """
+
+    dtypes: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    other_dtypes: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    integer_rows: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def common(self) -> tuple[str, str] | None:
+        """The (training, inference) dtypes of most compared floating rows (the model's), None without any."""
+        return max(self.dtypes, key=lambda pair: (self.dtypes[pair], pair), default=None)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, THRESHOLD_OF
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, THRESHOLD_OF, Cause
 
 DESCRIPTION = """\
 Compare every pair that `msprobe-hooks align` wrote, module by module, across the two engines' names
@@ -14,11 +14,13 @@ Compare every pair that `msprobe-hooks align` wrote, module by module, across th
 module, in the model's order, where the training forward and the inference prefill (or, for a decode
 pair, one decode token) diverge: where the error steps up against the pair's own noise, and where it
 crosses --threshold. With decode pairs or the training side's logprob_gap.jsonl, it also says per sample
-where its log-prob gap comes from: the prefill path, the decode path, or neither. Writes into the report
-folder: summary.md, modules.csv (every tensor of every pair), pairs.csv (one line per pair),
-samples.csv (per sample: gap and causes), error_by_depth.png, decode_by_token.png and index.html (one
-page that opens offline). Exit status: 0 compared (whatever the verdict), 1 a pair failed or had nothing
-to compare, 2 bad input. See docs/analysis.md."""
+where its log-prob gap comes from: the prefill path, the decode path, or neither. The first line says what
+kind of cause it is, `cause: CAUSE (PATH): sentence` (module, sampling, inputs, precision,
+configuration, routing, noise, none, unknown), with its evidence in diagnosis.json. Writes into the
+report folder: summary.md, diagnosis.json, modules.csv (every tensor of every pair), pairs.csv (one line
+per pair), samples.csv (per sample: gap and causes), error_by_depth.png, decode_by_token.png and
+index.html (one page that opens offline). Exit status: 0 compared (whatever the verdict), 1 a pair failed
+or had nothing to compare, or the cause is one of --fail-on, 2 bad input. See docs/analysis.md."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +54,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the pairs as tasks on the existing Ray cluster at ADDRESS (host:port, or auto) instead of a "
         "local pool; the dumps must be readable from its nodes (shared storage)",
     )
+    parser.add_argument(
+        "--fail-on",
+        metavar="CAUSE[,CAUSE...]",
+        type=_causes,
+        default=frozenset(),
+        help="exit 1 when the diagnosis is one of these causes (" + ", ".join(c.value for c in Cause) + "): a gate "
+        "for CI, e.g. --fail-on module,precision,unknown",
+    )
+
+
+def _causes(text: str) -> frozenset[Cause]:
+    """--fail-on's value: causes separated by commas, each one of :class:`Cause`'s words."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    accepted = {c.value: c for c in Cause}
+    unknown = [w for w in words if w not in accepted]
+    if unknown or not words:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {', '.join(unknown) or 'no cause'} is not a cause; accepted: {', '.join(accepted)}"
+        )
+    return frozenset(accepted[w] for w in words)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     if compared.tensorboard:
         print(f"tensorboard: {compared.tensorboard} ({compared.tensorboard_steps} global steps)")
     print(f"report: {compared.index}")
-    # Not a verdict: a pair that failed or had nothing to compare is a collection problem to look at.
-    return 1 if compared.failed else 0
+    # A pair that failed or had nothing to compare is a collection problem to look at; --fail-on's causes a gate.
+    return 1 if compared.failed or compared.answer.diagnosis.cause in args.fail_on else 0

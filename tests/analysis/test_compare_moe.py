@@ -75,7 +75,8 @@ def test_a_planted_router_fault_is_named_routing_with_its_share(moe, tmp_path):
     assert by_layer.loc[0, "flipped"] == 0
     found = by_layer.loc[fault.layer, "flipped"] / by_layer.loc[fault.layer, "tokens"]
     assert abs(found - fault.share) <= 0.03  # fp32 on both sides: exactly the planted tokens
-    headline = done.stdout.splitlines()[0]
+    assert done.stdout.splitlines()[0].startswith("cause: routing")
+    headline = done.stdout.splitlines()[1]
     assert f"first divergence: routing diverges at layer {fault.layer}" in headline
     named = results[results["first_rule"] == FirstRule.ROUTING]
     assert len(named) >= 3 and set(named["first_module"]) == {f"layers.{fault.layer}.mlp.gate"}

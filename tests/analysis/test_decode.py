@@ -302,7 +302,7 @@ def test_the_report_puts_a_decode_rows_fault_on_the_decode_path_of_its_sample_on
         "pre-a": "",  # in the batch (a gap line), not dumped (DUMP_REQUEST_IDS)
         "pre-b": "",
     }
-    assert "cause: decode path: layers.1.mlp.down_proj output diverges at decode tokens only" in printed
+    assert "where: decode path: layers.1.mlp.down_proj output diverges at decode tokens only" in printed
     # The symptom beside it: the gap the training side logged (the rollout's own log-probs, fp32: ~1e-7).
     assert (samples["gap_max"] < FP32).all()
 

@@ -110,7 +110,7 @@ def test_a_planted_router_fault_is_named_routing_at_its_layer_with_its_share(tmp
         before = mine[mine["order"] < router["order"].iloc[0]]
         assert not before["steps_up"].fillna(False).any() and not before["diverges"].fillna(False).any()
     summary = (tmp_path / "report" / "summary.md").read_text()
-    assert f"routing diverges at layer {fault['layer']}" in summary.split("\n\n")[1]  # the headline
+    assert f"routing diverges at layer {fault['layer']}" in summary.split("\n\n")[2]  # the headline
     page = (tmp_path / "report" / "index.html").read_text()
     assert "<h2>Routing</h2>" in page and offline(page)
 

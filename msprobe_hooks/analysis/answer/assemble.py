@@ -5,11 +5,13 @@ Nothing here writes a file: the report (:mod:`msprobe_hooks.analysis.report`) wr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis.answer import run_view
+from msprobe_hooks.analysis.answer.diagnosis import Diagnosis, Evidence, diagnose
 from msprobe_hooks.analysis.answer.run_view import StepView
 from msprobe_hooks.analysis.answer.symptom import SampleCause, causes
 from msprobe_hooks.analysis.comparing.row_store import RowStore
@@ -20,21 +22,28 @@ from msprobe_hooks.analysis.results import PairResult
 @dataclass
 class Answer:
     """What ``compare`` found: the pairs' verdicts and rows (on disk), and, where the pairs allow, per sample the
-    cause of its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps)."""
+    cause of its gap (decode pairs, ``logprob_gap.jsonl``) and per global step the run (pairs of several steps);
+    ``diagnosis``: what kind of cause (:mod:`.diagnosis`), from these and what the engines recorded (``evidence``)."""
 
     results: Sequence[PairResult]
     store: RowStore
     samples: list[SampleCause] = field(default_factory=list)
     steps: list[StepView] = field(default_factory=list)
+    evidence: Evidence = field(default_factory=Evidence)
+
+    @functools.cached_property
+    def diagnosis(self) -> Diagnosis:
+        return diagnose(self, evidence=self.evidence)
 
 
 def assemble(
     results: Sequence[PairResult],
     store: RowStore,
     gaps: dict[tuple[str, Any], dict[str, Any]] | None = None,
+    evidence: Evidence | None = None,
 ) -> Answer:
     """The :class:`Answer` of ``results`` and their rows, with the training side's gap lines
-    (:func:`.symptom.read_gaps`).
+    (:func:`.symptom.read_gaps`), diagnosed with what the engines recorded (``evidence``; none yet: issue 28).
 
     Results are put in pair order first: a pool returns them as they complete, and every tie (the largest error
     of equal pairs) must go the same way whatever the order."""
@@ -43,4 +52,4 @@ def assemble(
     decode = any(r.kind == PairKind.DECODE for r in results)
     samples = causes(results, gaps) if gaps or decode else []
     views = run_view.steps(results, store.layer_errors, gaps)
-    return Answer(results, store, samples, views if run_view.is_run(views) else [])
+    return Answer(results, store, samples, views if run_view.is_run(views) else [], evidence or Evidence())

@@ -61,7 +61,7 @@ class StepView:
         return out
 
 
-def _gap(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def token_gap(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """A step's token gap over its samples: means weighted by tokens (verl's batch means), maxima of maxima."""
     numbers = [g for g in lines if isinstance(g.get("tokens"), int) and g["tokens"] > 0]
     tokens = sum(g["tokens"] for g in numbers)
@@ -106,7 +106,7 @@ def steps(
     for (_, global_step), line in gaps.items():
         by_step.setdefault(global_step, []).append(line)
     for global_step, lines in by_step.items():
-        views.setdefault(global_step, StepView(global_step)).gap = _gap(lines)
+        views.setdefault(global_step, StepView(global_step)).gap = token_gap(lines)
     return sorted(views.values(), key=lambda v: (v.global_step is None, str(type(v.global_step)), v.global_step))
 
 

@@ -105,16 +105,17 @@ def causes(results: Sequence[PairResult], gaps: dict[tuple[str, object], dict[st
 
 
 def path_verdict(samples: Sequence[SampleCause]) -> str:
-    """One sentence: on which path the divergence is, and where it starts."""
+    """One sentence: on which path the divergence is, and where it starts ("where: ..."; the report's one "cause:"
+    line is the diagnosis's, :mod:`.diagnosis`)."""
     prefill = [s for s in samples if s.path == CausePath.PREFILL]
     decode = [s for s in samples if s.path == CausePath.DECODE]
     compared = [s for s in samples if s.path is not None]
     if not compared:
-        return "cause: not found (no pair of these samples could be compared)"
+        return "where: not found (no pair of these samples could be compared)"
     if prefill:
         first = min(prefill, key=lambda s: s.prefill.first_order)  # type: ignore[union-attr]
         return (
-            f"cause: {CausePath.PREFILL}: {first.prefill.first_module} {first.prefill.first_io} diverges at the prompt "  # type: ignore[union-attr]
+            f"where: {CausePath.PREFILL}: {first.prefill.first_module} {first.prefill.first_io} diverges at the prompt "  # type: ignore[union-attr]
             f"({len(prefill)} of {len(compared)} samples), so every response token inherits it"
         )
     if decode:
@@ -123,8 +124,8 @@ def path_verdict(samples: Sequence[SampleCause]) -> str:
         any_prefill = any(s.prefill is not None for s in compared)
         clean = "the prefill agrees" if any_prefill else "the prefill was not compared"
         return (
-            f"cause: {CausePath.DECODE}: {token.first_module} {token.first_io} diverges at decode tokens only "
+            f"where: {CausePath.DECODE}: {token.first_module} {token.first_io} diverges at decode tokens only "
             f"({clean}; first at response token {token.token_index}; {len(decode)} of {len(compared)} samples)"
         )
     where = "at prefill or at the compared decode tokens"
-    return f"cause: {CausePath.NEITHER}: nothing diverges {where} ({len(compared)} samples)"
+    return f"where: {CausePath.NEITHER}: nothing diverges {where} ({len(compared)} samples)"

@@ -18,7 +18,7 @@ from typing import Any
 
 from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.answer.verdict import FixedRule, StepRule
-from msprobe_hooks.analysis.comparing import names, routing
+from msprobe_hooks.analysis.comparing import facts, names, routing
 from msprobe_hooks.analysis.comparing.shards import ShardError, Sharding, whole_stats, whole_tensor
 from msprobe_hooks.analysis.comparing.statistics import (
     Stats,
@@ -441,6 +441,7 @@ def compare_pair(
     result.unmatched = sum(r.status is Status.UNMATCHED for r in rows)
     result.not_comparable = sum(r.status is Status.NOT_COMPARABLE for r in rows)
     result.api_rows = f"{train.api_rows}/{generate.api_rows}"
+    result.row_facts = facts.of_rows(rows)
     result.verdict = Verdict.DIVERGES if first else (Verdict.NO_DIVERGENCE if compared else Verdict.NOTHING_COMPARED)
     if fixed is not None:
         result.threshold_module, result.threshold_io, result.threshold_error = fixed.module, fixed.io, fixed.error

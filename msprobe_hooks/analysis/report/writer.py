@@ -1,4 +1,6 @@
-"""The report folder of ``compare``: ``summary.md``, ``modules.csv``, ``pairs.csv``, the figures, ``index.html``.
+"""The report folder of ``compare``: ``summary.md``, ``modules.csv``, ``pairs.csv``, the figures, ``index.html``,
+``diagnosis.json``. ``summary.md``, ``index.html`` and what compare prints open with the diagnosis's line
+(``cause: CAUSE (PATH): sentence``; :mod:`msprobe_hooks.analysis.answer.diagnosis`).
 
 With decode pairs or log-prob gaps, also the symptom -> cause section: ``samples.csv`` (per sample its
 gap, its first divergence at prefill and at the decode tokens, on which path) and
@@ -10,12 +12,14 @@ the tables are inline, nothing is fetched from the network.
 from __future__ import annotations
 
 import html
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
+from msprobe_hooks.analysis.answer.diagnosis import DIAGNOSIS_FILE
 from msprobe_hooks.analysis.answer.run_view import StepView
 from msprobe_hooks.analysis.answer.symptom import GAP_FIELDS, SampleCause, path_verdict
 from msprobe_hooks.analysis.pairing.pairs import PairKind
@@ -41,6 +45,7 @@ STEPS = "steps.csv"
 RUN_PLOT = "run_by_step.png"
 REPORT_FILES = (
     "summary.md", "modules.csv", "pairs.csv", PLOT, SAMPLES, DECODE_PLOT, STEPS, RUN_PLOT, routing.ROUTING_CSV,
+    DIAGNOSIS_FILE,
 )  # fmt: skip
 # The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
 SUMMARY_COLUMNS = [
@@ -156,10 +161,10 @@ def _left_out(ordered: Sequence[PairResult], detailed: Sequence[PairResult]) -> 
 
 
 def summary_lines(found: Answer, threshold: float) -> list[str]:
-    """What compare prints: one line overall, on which path (with decode pairs or gaps), the run (pairs of
-    several global steps), one line per pair."""
+    """What compare prints: the cause, one line overall, on which path (with decode pairs or gaps), the run (pairs
+    of several global steps), one line per pair."""
     results = found.results
-    lines = [f"{len(results)} pairs: {overall(results, threshold)}"]
+    lines = [found.diagnosis.line, f"{len(results)} pairs: {overall(results, threshold)}"]
     if found.samples:
         lines.append(path_verdict(found.samples))
     if found.steps:
@@ -233,8 +238,11 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
         "API rows (level mix: Functional./Tensor./Torch.) are counted per pair (training/inference) and kept out "
         "of the verdict: their call counters never line up across engines.",
     ]
+    with open(os.path.join(folder, DIAGNOSIS_FILE), "w", encoding="utf-8") as out:
+        out.write(json.dumps(found.diagnosis.record(), indent=2, default=str) + "\n")
+    cause = found.diagnosis.line
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
-        out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
+        out.write(f"{cause}\n\n# compare: {len(results)} pairs\n\n**{headline}**\n\n")
         out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
         out.write(pairs_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
         for r in failed:
@@ -266,6 +274,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
 body {{ font-family: sans-serif; margin: 1.5em; }} table {{ border-collapse: collapse; font-size: 12px; }}
 td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 0; }} img {{ max-width: 100%; }}
 </style></head><body>
+<p><strong>{html.escape(cause)}</strong></p>
 <h1>Training forward vs inference: {len(results)} pairs</h1>
 <p><strong>{html.escape(headline)}</strong></p>
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>

@@ -19,16 +19,13 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from msprobe_hooks.analysis.answer.run_view import StepView, token_gap
 from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.answer.verdict import UNIT_ROUNDOFF, StepRule, unit_roundoff
 from msprobe_hooks.analysis.pairing.pairs import PairKind
 from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, ModuleRow, PairResult, Verdict
-
-if TYPE_CHECKING:
-    from msprobe_hooks.analysis.answer.assemble import Answer
 
 DIAGNOSIS_FILE = "diagnosis.json"
 SIDES = ("training", "rollout")
@@ -128,6 +125,14 @@ def _first_first(r: PairResult) -> tuple[Any, ...]:
     return (_step_key(r.global_step), r.kind != PairKind.PREFILL, r.first_order, r.pair)
 
 
+class Found(Protocol):
+    """What :func:`diagnose` reads of an :class:`.assemble.Answer` (which imports this module)."""
+
+    results: Sequence[PairResult]
+    samples: Sequence[SampleCause]
+    steps: Sequence[StepView]
+
+
 @dataclass(frozen=True)
 class Facts:
     """What the rules read: the pairs' results, the samples' gaps, the run, the recorded evidence."""
@@ -138,7 +143,7 @@ class Facts:
     evidence: Evidence = Evidence()
 
     @classmethod
-    def of(cls, answer: Answer, evidence: Evidence | None = None) -> Facts:
+    def of(cls, answer: Found, evidence: Evidence | None = None) -> Facts:
         return cls(answer.results, answer.samples, answer.steps, evidence or Evidence())
 
     @functools.cached_property
@@ -457,7 +462,7 @@ def unexplained(facts: Facts) -> Diagnosis:
     return Diagnosis(Cause.UNKNOWN, evidence=evidence, sentence=sentence)
 
 
-def diagnose(answer: Answer, rules: Sequence[Rule] = DEFAULT_RULES, evidence: Evidence | None = None) -> Diagnosis:
+def diagnose(answer: Found, rules: Sequence[Rule] = DEFAULT_RULES, evidence: Evidence | None = None) -> Diagnosis:
     """The first of ``rules`` that holds on ``answer`` (and the engines' ``evidence``), else :func:`unexplained`;
     its evidence ends with what was not recorded on either side."""
     facts = Facts.of(answer, evidence)

@@ -17,8 +17,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.analysis.pairing import align, pairs
-from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request, step_line
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG, prompt_hash

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench_align import REQUESTS, prompt_hashes, write_dispatch, write_training
 
-from msprobe_hooks.analysis.pairing.logs import find_logs
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 MILLIONS = (1, 10)

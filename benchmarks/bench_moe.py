@@ -67,10 +67,18 @@ def main() -> int:
         finally:
             routing.judge = real_judge
         outcomes = [compare.compare_pair(i, pair, 2e-2) for i, pair in enumerate(found)]
+        # What compare's pass over each pair's dumps hands routing: their router entries.
+        routers = [
+            (
+                compare.read_side(pair.train.dump, table, pair.train.layer_offset or 0).routers,
+                compare.read_side(pair.generate.dump, table).routers,
+            )
+            for pair in found
+        ]
 
         def judged() -> None:
-            for (result, rows), pair in zip(outcomes, found, strict=True):
-                routing.judge(result, pair, rows, table)
+            for (result, rows), pair, (train, generate) in zip(outcomes, found, routers, strict=True):
+                routing.judge(result, pair, rows, table, train, generate)
 
         alone = _median(judged)
     n = len(found)

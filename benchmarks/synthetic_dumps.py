@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.analysis.pairing import align, pairs
-from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 REPO = Path(__file__).resolve().parent.parent

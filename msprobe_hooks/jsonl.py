@@ -7,6 +7,14 @@ where readers skip it (tests/faults measures it). A write that the disk cuts sho
 a file removed under the writer is made anew. Files live under ``{root}/{pid}/``: no two processes
 ever write the same file, and a forked child that inherits a log reopens it under its own pid on
 its first write.
+
+Reading (:func:`records`, every reader of these logs and of ``pairs.jsonl``): a line that is not a JSON
+object is skipped, the rest of the file still read, and named with its file and line number (a
+:class:`BadLine` handed to ``bad``; by default a warning on the ``msprobe_hooks`` logger). The cut last
+line a kill leaves is told from damage elsewhere by its missing newline and named "truncated?". A
+blank line holds no record and is passed over silently. A caller may do more with a named line than
+skip it: ``align`` counts it, ``pairs.read`` refuses the pairs file (written whole by ``align``, a bad
+line there is an edit gone wrong, and a pair dropped unseen would leave a report short of it).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -72,3 +81,60 @@ class JsonlLog:
             except OSError:
                 os.ftruncate(fd, end - written)
                 raise
+
+
+class BadLine:
+    """A line of a JSON-lines file that holds no record: where it is, and what is wrong with it.
+
+    (A plain class: the writers import this module, and dataclasses would cost them its imports.)"""
+
+    __slots__ = ("path", "number", "problem")
+
+    def __init__(self, path: str, number: int, problem: str) -> None:
+        self.path = path
+        self.number = number
+        self.problem = problem  # "not JSON (truncated?) (Unterminated string ...)", "a list, not a JSON object"
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.number}"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}; line skipped"
+
+
+def warn_bad(line: BadLine) -> None:
+    """The default for a bad line: one warning naming it."""
+    from msprobe_hooks.log import logger
+
+    logger().warning("%s", line)
+
+
+def records(
+    path: str,
+    bad: Callable[[BadLine], None] = warn_bad,
+    shortcut: Callable[[str], Any] | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """(line number, JSON object) for every record of ``path``; each bad line is handed to ``bad``.
+
+    ``shortcut(line)``, when given, may answer for a line without parsing it (None: parse it). An
+    ``OSError`` of opening or reading the file is the caller's.
+    """
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            quick = shortcut(line) if shortcut is not None else None
+            if quick is not None:
+                yield number, quick
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                cut = " (truncated?)" if not line.endswith("\n") else ""
+                bad(BadLine(path, number, f"not JSON{cut} ({exc.msg})"))
+                continue
+            if not isinstance(record, dict):
+                bad(BadLine(path, number, f"a {type(record).__name__}, not a JSON object"))
+                continue
+            yield number, record

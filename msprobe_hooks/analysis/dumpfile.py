@@ -1,4 +1,4 @@
-"""Reading msprobe's ``dump.json``: where it is, that it opens, its entries one at a time.
+"""Reading msprobe's ``dump.json``: that it opens, its entries one at a time (where it is: ``layout.py``).
 
 A statistics dump of a large model at level mix runs to hundreds of MB; ``json.load`` would hold
 the whole tree. :func:`entries` holds one entry (and a read buffer) at a time: the top-level fields
@@ -14,7 +14,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-DUMP_FILE = "dump.json"
 CHUNK = 1 << 20  # characters read at a time
 EMBEDDING_CHUNK = 1 << 16  # the embedding entry is within a dump's first few KB: read only that far
 _DECODER = json.JSONDecoder()
@@ -27,12 +26,6 @@ _EMBEDDING_API = "Functional.embedding.0.forward"
 
 class DumpFileError(ValueError):
     """A ``dump.json`` that is missing, unreadable or not msprobe's JSON; the message names the file."""
-
-
-def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
-    """msprobe's ``{root}/step{N}/rank{R}/dump.json`` (``proc{pid}`` when it knew no rank)."""
-    leaf = f"rank{rank}" if rank is not None or pid is None else f"proc{pid}"
-    return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
 
 
 def _open(path: str, chunk: int | None = None) -> _Reader:

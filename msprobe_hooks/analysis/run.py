@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from msprobe_hooks.analysis.answer.assemble import Answer, assemble
-from msprobe_hooks.analysis.answer.symptom import gap_logs, read_gaps
+from msprobe_hooks.analysis.answer.symptom import read_gaps
 from msprobe_hooks.analysis.comparing import names, pool
 from msprobe_hooks.analysis.comparing.row_store import RowStore
 from msprobe_hooks.analysis.pairing import pairs
@@ -95,13 +95,12 @@ def compare_file(pairs_file: str, output: str, options: CompareOptions | None = 
     painter = Painter(separate_process=options.jobs > 1)
     try:
         with _no_collector():
-            return _compare(pairs_file, pair_list, output, options, mapping, painter)
+            return _compare(pair_list, output, options, mapping, painter)
     finally:
         painter.finish()
 
 
 def _compare(
-    pairs_file: str,
     pair_list: list[pairs.Pair],
     output: str,
     options: CompareOptions,
@@ -124,9 +123,7 @@ def _compare(
             if not options.ray:
                 raise
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
-        # The logs' paths, like the dumps', may be relative to the pairs file's folder (it moves with the trees).
-        logs = gap_logs(pairs.resolve(p.train.log, pairs_file) for p in pair_list if p.train.log)
-        gaps = read_gaps(logs)
+        gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
         answer = assemble(results, store, gaps)
         index = writer.write(output, answer, options.threshold, painter)
     compared = Compared(answer, index)

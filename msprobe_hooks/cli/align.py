@@ -52,9 +52,9 @@ def unpaired_table(train: Counter, generate: Counter) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from msprobe_hooks.analysis.layout import find_logs
     from msprobe_hooks.analysis.pairing import pairs
     from msprobe_hooks.analysis.pairing.align import Aligner, config_request_ids
-    from msprobe_hooks.analysis.pairing.logs import find_logs
     from msprobe_hooks.analysis.pairing.ranks import replica_lines
     from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 

@@ -215,6 +215,29 @@ def test_routing_needs_the_inference_record(tmp_path):
     assert set(routed(tmp_path)["reason"]) == {routing.NO_INFERENCE_IDS}
 
 
+def test_routing_reads_the_routed_experts_log_its_pair_names_and_an_older_pairs_file_finds_it_by_the_layout(tmp_path):
+    generate = tmp_path / "generate"
+    shutil.copytree(MOE / "fp32" / "generate", generate)
+    found, report = tmp_path / "pairs.jsonl", tmp_path / "report"
+    assert main(["align", str(MOE / "actor"), str(generate), "-o", str(found)]) == 0
+    lines = [json.loads(line) for line in found.read_text().splitlines()]
+    (log,) = generate.glob(f"*/{routing.ROUTED_EXPERTS_LOG}")
+    assert {line["generate"]["routed_experts_log"] for line in lines} == {str(log.relative_to(tmp_path))}
+    moved = tmp_path / "elsewhere.jsonl"  # not where the layout puts it: compare must take the pair's word for it
+    log.rename(moved)
+    for line in lines:
+        line["generate"]["routed_experts_log"] = str(moved)
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert set(routed(tmp_path)["status"]) == {Status.COMPARED.value}
+    moved.rename(log)  # an older align's pairs file names no routed-experts log: the layout finds it
+    for line in lines:
+        del line["generate"]["routed_experts_log"]
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert set(routed(tmp_path)["status"]) == {Status.COMPARED.value}
+
+
 def test_a_mapping_rule_makes_a_router_of_another_name_compared_and_routed(tmp_path):
     """A made-up architecture whose training router is ``mlp.moe_router``: unmatched and unrouted without a
     rule; with one rule from ``--mapping`` (the router kind) its logits compare and its choices are routed."""

@@ -62,6 +62,7 @@ class Side:
     layer_offset: int = 0  # a pipeline stage's dump: its first layer is the model's layer layer_offset
     rows: tuple[int, int] | None = None  # the rows a pair compares, [start, stop); None: all
     shards: dict[int, Side] | None = None  # a TP engine's prefill: every rank's dump (this one among them)
+    routers: list[routing.RouterEntry] = field(default_factory=list)  # its MoE routers' entries, for routing
 
 
 def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
@@ -71,6 +72,7 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
     meta: dict[str, Any] = {}
     tensors: dict[tuple[str, str, int], SideTensor] = {}
     skipped: list[ModuleRow] = []
+    routers: list[routing.RouterEntry] = []
     api_rows = 0
     layers: list[int] = []
     position = -1
@@ -92,6 +94,10 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
         )
         if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill
             continue
+        own = names.parse(raw) if layer_offset else name  # routing numbers a stage's routers by its own layers
+        chooser = routing.chooser_layer(own, table) if own is not None else None
+        if chooser is not None:
+            routers.append((chooser, raw, entry))
         if name.layer is not None:
             layers.append(name.layer)
         for mapped in names.map_entry(name, entry, table):
@@ -121,7 +127,9 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
             del tensors[key]
     embedding = tensors.get(("embed_tokens", "input", 0))
     tokens = embedding.in_order()[0][1].numel if embedding else None
-    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset)
+    return Side(
+        path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset, routers=routers
+    )
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
@@ -451,5 +459,6 @@ def compare_pair(
         result.first_train_name, result.first_generate_name = first.train_name, first.generate_name
     if worst is not None:
         result.max_error, result.max_module = worst.error, f"{worst.module} {worst.io}"
-    routing.judge(result, pair, rows, table)  # MoE pairs: the routers' choices; nothing for a dense model
+    # MoE pairs: the routers' choices; nothing for a dense model
+    routing.judge(result, pair, rows, table, train.routers, generate.routers)
     return result, rows

@@ -27,12 +27,12 @@ the pair's first divergence: "routing diverges at layer k".
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from msprobe_hooks import jsonl
 from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.answer.verdict import StepRule
 from msprobe_hooks.analysis.comparing import names
@@ -77,17 +77,19 @@ def _router_layers(rows: Sequence[ModuleRow], table: names.NameMap) -> dict[int,
     return found
 
 
-def _router_entries(path: str, table: names.NameMap) -> Iterator[tuple[int, str, dict]]:
-    """``(layer, name, entry)`` for each router entry of a dump (first calls only)."""
-    for raw, entry, is_entry in dumpfile.entries(path):
-        if not is_entry or not isinstance(entry, dict):
-            continue
-        name = names.parse(raw)
-        if name is None or name.call != 0:
-            continue
-        found = table.lookup(name.path, name.cls)
-        if found is not None and found[0].compare in CHOOSERS and found[2] is not None:
-            yield found[2], raw, entry
+# A router's or top-k module's entry of a dump: (layer, its dumped name, msprobe's entry).
+RouterEntry = tuple[int, str, dict]
+
+
+def chooser_layer(name: names.ModuleName, table: names.NameMap) -> int | None:
+    """The layer of a module entry when it is the first call of a module that chooses experts; else None.
+
+    ``compare``'s one pass over a dump keeps those entries (:attr:`.compare.Side.routers`): routing reads them
+    there, not from the dump again."""
+    if name.call != 0:
+        return None
+    found = table.lookup(name.path, name.cls)
+    return found[2] if found is not None and found[0].compare in CHOOSERS else None
 
 
 def _outputs(entry: dict) -> list[tuple[str, dict]]:
@@ -109,12 +111,11 @@ def _load(dump: str, tensor: dict) -> Any:
     return dumpfile.load_tensor(path) if path else None
 
 
-def training_choices(dump: str, table: names.NameMap) -> tuple[dict[int, _Choice], str | None]:
-    """Per MoE layer the training router's ids and logits; or why there are none (a statistics dump)."""
+def training_choices(dump: str, routers: Sequence[RouterEntry]) -> tuple[dict[int, _Choice], str | None]:
+    """Per MoE layer the training router's ids and logits (``routers``: the dump's); or why there are none (a
+    statistics dump)."""
     choices: dict[int, _Choice] = {}
-    routers = 0
-    for layer, raw, entry in _router_entries(dump, table):
-        routers += 1
+    for layer, raw, entry in routers:
         outputs = _outputs(entry)
         label, ids = next(((k, o) for k, o in outputs if _is_int(o)), ("", None))
         loaded = _load(dump, ids) if ids else None
@@ -129,15 +130,11 @@ def training_choices(dump: str, table: names.NameMap) -> tuple[dict[int, _Choice
     return choices, None
 
 
-def _routing_file(dump: str) -> str:
-    """``{root}/{pid}/routed_experts.jsonl`` for a dump at ``{root}/{pid}/step{N}/rank{R}/dump.json``."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(dump))), ROUTED_EXPERTS_LOG)
-
-
-def dumped_choices(dump: str, table: names.NameMap) -> dict[int, _Choice]:
-    """Per MoE layer the expert ids a tensor-mode dump holds: the integer output of its router or top-k module."""
+def dumped_choices(dump: str, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
+    """Per MoE layer the expert ids a tensor-mode dump holds: the integer output of its router or top-k module
+    (``routers``: the dump's)."""
     choices: dict[int, _Choice] = {}
-    for layer, raw, entry in _router_entries(dump, table):
+    for layer, raw, entry in routers:
         label, ids = next(((k, o) for k, o in _outputs(entry) if _is_int(o)), ("", None))
         loaded = _load(dump, ids) if ids and layer not in choices else None
         if loaded is not None:
@@ -145,30 +142,25 @@ def dumped_choices(dump: str, table: names.NameMap) -> dict[int, _Choice]:
     return choices
 
 
-def inference_choices(pair: Pair, table: names.NameMap) -> dict[int, _Choice]:
+def inference_choices(pair: Pair, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
     """Per MoE layer the ids the inference engine chose in the pair's step: its ``routed_experts.jsonl``, else the
-    ids its tensor-mode dump holds (SGLang's TopK output)."""
+    ids its tensor-mode dump holds (SGLang's TopK output; ``routers``: the dump's)."""
     import torch
 
-    path = _routing_file(pair.generate.dump)
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line a killed process cut short
-                if record.get("step") != pair.generate.step:
-                    continue
-                if pair.generate.rank is not None and record.get("rank") not in (None, pair.generate.rank):
-                    continue
-                source = f"{ROUTED_EXPERTS_LOG} step {record['step']}"
-                return {
-                    int(layer): _Choice(torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1), source)
-                    for layer, ids in record.get("layers", {}).items()
-                    if ids
-                }
-    return dumped_choices(pair.generate.dump, table)
+    path = pair.generate.routed_experts_log
+    if path is not None and os.path.isfile(path):
+        for _, record in jsonl.records(path):
+            if record.get("step") != pair.generate.step:
+                continue
+            if pair.generate.rank is not None and record.get("rank") not in (None, pair.generate.rank):
+                continue
+            source = f"{ROUTED_EXPERTS_LOG} step {record['step']}"
+            return {
+                int(layer): _Choice(torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1), source)
+                for layer, ids in record.get("layers", {}).items()
+                if ids
+            }
+    return dumped_choices(pair.generate.dump, routers)
 
 
 def _rows(tensor: Any, rows: tuple[int, int] | None) -> Any:
@@ -227,14 +219,23 @@ def compare_layer(
     return out
 
 
-def judge(result: PairResult, pair: Pair, rows: Sequence[ModuleRow], table: names.NameMap) -> None:
+def judge(
+    result: PairResult,
+    pair: Pair,
+    rows: Sequence[ModuleRow],
+    table: names.NameMap,
+    train_routers: Sequence[RouterEntry],
+    generate_routers: Sequence[RouterEntry],
+) -> None:
     """Compare the routers' choices of a pair (``result.routing``) and, when routing diverges at or before the
-    first numeric divergence, make it the pair's first divergence. Nothing happens for a dense model."""
+    first numeric divergence, make it the pair's first divergence. Nothing happens for a dense model.
+
+    ``train_routers``, ``generate_routers``: each side's router entries, kept by compare's one pass over its dump."""
     routers = _router_layers(rows, table)
     if not routers or result.verdict in (Verdict.FAILED, Verdict.STATISTICS):
         return
-    train, why = training_choices(pair.train.dump, table)
-    generate = inference_choices(pair, table) if not why else {}
+    train, why = training_choices(pair.train.dump, train_routers)
+    generate = inference_choices(pair, generate_routers) if not why else {}
     layers = []
     for layer in sorted(routers):
         reason = why or (NO_INFERENCE_IDS if layer not in generate else None)

@@ -28,7 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis.dumpfile import DumpFileError, check_readable, dump_path, embedding_tokens
+from msprobe_hooks.analysis import layout
+from msprobe_hooks.analysis.dumpfile import DumpFileError, check_readable, embedding_tokens
 from msprobe_hooks.analysis.pairing.logs import (
     DecodeStep,
     GenRow,
@@ -114,6 +115,8 @@ class Aligner:
         self._train_identities: dict[tuple[str, Any], set[Any]] = {}  # (prompt hash, global step) -> samples
         self._step_times: dict[Any, tuple[float, float]] = {}  # global step -> its first and last log time
         self._tokens: dict[str, int | None] = {}
+        self._gap_logs_of: dict[str, list[str] | None] = {}  # training root -> its gap logs, as pairs name them
+        self._routed_of: dict[str, str | None] = {}  # inference process folder -> its routed-experts log, if any
         self._unreadable: set[str] = set()
         self._readable: set[str] = set()
         self._used: set[tuple[str, int]] = set()
@@ -182,12 +185,25 @@ class Aligner:
     # --- dumps ---------------------------------------------------------------------------------
 
     def _train_dump(self, dump: TrainDump) -> str:
-        # {actor dump_path}/step{N}/rank{R}/dump.json, its log at {actor dump_path}/{pid}/
-        return dump_path(os.path.dirname(os.path.dirname(dump.log)), dump.step, dump.rank, dump.pid)
+        return layout.training_dump(dump.log, dump.step, dump.rank, dump.pid)
 
     def _generate_dump(self, step: GenStep) -> str:
-        # Next to its dispatch log: {generate dump_path}/{pid}/step{N}/rank{R}/dump.json
-        return dump_path(os.path.dirname(step.log), step.step, step.rank, step.pid)
+        return layout.generate_dump(step.log, step.step, step.rank, step.pid)
+
+    def _gap_logs(self, log: str) -> list[str] | None:
+        """The gap logs of a training log's root, as the pairs file names them; None when there are none."""
+        root = layout.log_root(log)
+        if root not in self._gap_logs_of:
+            self._gap_logs_of[root] = [self._path(gap) for gap in layout.gap_logs(root)] or None
+        return self._gap_logs_of[root]
+
+    def _routed_experts_log(self, log: str) -> str | None:
+        """The routed-experts log beside a dispatch log, as the pairs file names it; None when not written."""
+        process = layout.process_folder(log)
+        if process not in self._routed_of:
+            found = layout.routed_experts_log(process)
+            self._routed_of[process] = self._path(found) if os.path.isfile(found) else None
+        return self._routed_of[process]
 
     def _is_readable(self, path: str) -> bool:
         if path in self._readable:
@@ -539,6 +555,7 @@ class Aligner:
                 request_id=dump.request_id,
                 format=LOG_FORMATS[dump.recipe],
                 layer_offset=dump.layer_offset,
+                gap_logs=self._gap_logs(dump.log),
             ),
             generate=GenerateSide(
                 dump=self._path(self._generate_dump(step)),
@@ -550,6 +567,7 @@ class Aligner:
                 offset=row.offset,
                 tokens=row.tokens,
                 format=LOG_FORMATS[step.recipe],
+                routed_experts_log=self._routed_experts_log(step.log),
             ),
         )
 

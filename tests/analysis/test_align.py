@@ -538,3 +538,19 @@ def test_embedding_token_count_streams_any_dump(training, embedding_dumps, tmp_p
     real["data"] = filler
     big.write_text(json.dumps(real, indent=1))
     assert dumpfile.embedding_tokens(str(big)) is None
+
+
+def test_the_dump_probe_reads_a_dump_once_and_names_a_bad_one_once(embedding_dumps, tmp_path, monkeypatch):
+    from msprobe_hooks.analysis import dumpfile
+
+    reads = []
+    read = dumpfile.embedding_tokens
+    monkeypatch.setattr(dumpfile, "embedding_tokens", lambda path: reads.append(path) or read(path))
+    warned = []
+    probe = dumpfile.DumpProbe(warned.append)
+    good, bad = str(embedding_dumps[5] / "dump.json"), tmp_path / "dump.json"
+    bad.write_text("<html>proxy error</html>")
+    assert probe.readable(good) and probe.tokens(good) == 5 and probe.tokens(good) == 5 and reads == [good]
+    assert not probe.readable(str(bad)) and not probe.readable(str(bad)) and probe.tokens(str(bad)) is None
+    assert probe.failed(str(bad)) and not probe.failed(good)
+    assert warned == [f"{bad}: not an msprobe dump.json (expected a JSON object)"]

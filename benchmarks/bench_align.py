@@ -93,9 +93,7 @@ def build(root: str) -> tuple[str, str]:
 
 
 def _join(train: str, generate: str, out: str) -> int:
-    aligner = align.Aligner(os.path.dirname(out))
-    aligner.read(find_logs(train, TRAINING_LOG), find_logs(generate, DISPATCH_LOG))
-    result = aligner.run()
+    result = align.pair_logs(find_logs(train, TRAINING_LOG), find_logs(generate, DISPATCH_LOG), os.path.dirname(out))
     pairs.write(result.pairs, out)
     return len(result.pairs)
 

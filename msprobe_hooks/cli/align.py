@@ -54,7 +54,7 @@ def unpaired_table(train: Counter, generate: Counter) -> str:
 def run(args: argparse.Namespace) -> int:
     from msprobe_hooks.analysis.layout import find_logs
     from msprobe_hooks.analysis.pairing import pairs
-    from msprobe_hooks.analysis.pairing.align import Aligner, config_request_ids
+    from msprobe_hooks.analysis.pairing.align import config_request_ids, pair_logs
     from msprobe_hooks.analysis.pairing.ranks import replica_lines
     from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
@@ -77,9 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     out_dir = os.path.dirname(os.path.abspath(args.output))
-    aligner = Aligner(out_dir, args.backend, ids)
-    aligner.read(found["TRAIN_DIR"], found["GENERATE_DIR"])
-    result = aligner.run()
+    result = pair_logs(found["TRAIN_DIR"], found["GENERATE_DIR"], out_dir, args.backend, ids)
     os.makedirs(out_dir, exist_ok=True)
     pairs.write(result.pairs, args.output)
     rules = Counter(pair.rule for pair in result.pairs)

@@ -28,7 +28,7 @@ from msprobe_hooks.analysis.answer.symptom import CausePath
 from msprobe_hooks.analysis.comparing.compare import compare_pair
 from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.analysis.pairing import pairs
-from msprobe_hooks.analysis.pairing.align import Aligner, Result
+from msprobe_hooks.analysis.pairing.align import Result, pair_logs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, PairResult, Unpaired, Verdict
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import DISPATCH_LOG, GAP_LOG, TRAINING_LOG
@@ -91,9 +91,7 @@ def warnings(caplog) -> Iterator[Callable[[], list[str]]]:
 
 def aligned(train: Path, generate: Path, out: Path) -> tuple[Result, list[pairs.Pair]]:
     """``align``'s result on two trees, and its pairs as ``compare`` reads them (dump paths resolved)."""
-    aligner = Aligner(str(out))
-    aligner.read(find_logs(str(train), TRAINING_LOG), find_logs(str(generate), DISPATCH_LOG))
-    result = aligner.run()
+    result = pair_logs(find_logs(str(train), TRAINING_LOG), find_logs(str(generate), DISPATCH_LOG), str(out))
     out.mkdir(parents=True, exist_ok=True)
     pairs.write(result.pairs, str(out / "pairs.jsonl"))
     return result, list(pairs.read(str(out / "pairs.jsonl")))

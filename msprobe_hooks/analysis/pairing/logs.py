@@ -73,10 +73,6 @@ class TrainSample:
     def request_base(self) -> str | None:
         return None if self.request_id is None else strip_vllm_suffix(self.request_id)
 
-    @property
-    def has_response(self) -> bool:
-        return self.seq_len is not None and self.prompt_len is not None and self.seq_len > self.prompt_len
-
 
 @dataclass(frozen=True)
 class TrainDump:

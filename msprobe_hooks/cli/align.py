@@ -38,17 +38,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def unpaired_table(train: Counter, generate: Counter) -> str:
-    """The unpaired dumps of both sides, by reason, as text."""
-    import pandas
-
+    """The unpaired dumps of both sides, by reason, as text: laid out as pandas' ``DataFrame.to_string`` laid it
+    out (the reasons left-aligned, each count right-aligned under its column's name, two spaces apart)."""
     from msprobe_hooks.analysis.results import Unpaired
 
     reasons = [r for r in Unpaired if train[r] or generate[r]]
-    frame = pandas.DataFrame(
-        {"training dumps": [train[r] for r in reasons], "generate dumps": [generate[r] for r in reasons]},
-        index=[r.value for r in reasons],
-    )
-    return frame.to_string()
+    columns = {
+        "training dumps": [str(train[r]) for r in reasons],
+        "generate dumps": [str(generate[r]) for r in reasons],
+    }
+    left = max(len(r.value) for r in reasons)
+    widths = {name: max(len(name), *map(len, cells)) for name, cells in columns.items()}
+    lines = [" " * left + "".join(f"  {name:>{widths[name]}}" for name in columns)]
+    for i, reason in enumerate(reasons):
+        lines.append(
+            reason.value.ljust(left) + "".join(f"  {cells[i]:>{widths[name]}}" for name, cells in columns.items())
+        )
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import pandas
 import pytest
 from support import golden
 from support.compare_runs import unpaired_table
+from support.pages import assert_answer_first
 
 from msprobe_hooks.analysis.answer.symptom import CausePath
 from msprobe_hooks.analysis.comparing.compare import compare_pair
@@ -301,6 +302,7 @@ def test_the_report_puts_a_decode_rows_fault_on_the_decode_path_of_its_sample_on
         "pre-b": "",
     }
     assert "cause: decode path: layers.1.mlp.down_proj output diverges at decode tokens only" in printed
+    assert_answer_first(report, printed)  # the path's verdict under the overall one, before the notes
     # The symptom beside it: the gap the training side logged (the rollout's own log-probs, fp32: ~1e-7).
     assert (samples["gap_max"] < FP32).all()
 

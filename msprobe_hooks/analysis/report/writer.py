@@ -17,18 +17,22 @@ from typing import Any
 from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
 from msprobe_hooks.analysis.answer.run_view import StepView
-from msprobe_hooks.analysis.answer.symptom import GAP_FIELDS, SampleCause, path_verdict
-from msprobe_hooks.analysis.pairing.pairs import PairKind
+from msprobe_hooks.analysis.answer.symptom import SampleCause, path_verdict
 from msprobe_hooks.analysis.report import interactive, routing
 from msprobe_hooks.analysis.report.plots import Painter, decode_heatmap, decode_samples, depth, points, run_heatmap
 from msprobe_hooks.analysis.results import (
+    GAP_FIELDS,
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
     OPTIONAL_PAIR_COLUMNS,
     PAIR_RESULT_COLUMNS,
+    SAMPLE_COLUMNS,
+    STEP_COLUMNS,
     THRESHOLD_OF,
     FirstRule,
+    PairKind,
     PairResult,
+    SampleRow,
     Status,
     Verdict,
 )
@@ -52,9 +56,9 @@ SUMMARY_COLUMNS = [
 
 def _by_rule(r: PairResult, threshold: float) -> str:
     """Why ``r``'s first divergence is one, and what the fixed threshold says when it names another row."""
-    if r.first_rule == FirstRule.ROUTING:
+    if r.first_rule is FirstRule.ROUTING:
         return routing.describe(r)
-    if r.first_rule == "step":
+    if r.first_rule is FirstRule.STEP:
         why = f"error {r.first_error:.3g}, a step up from {r.first_before:.3g} before it"
     else:
         why = f"error {r.first_error:.3g} > {threshold:g}"
@@ -70,8 +74,8 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     if diverging:
         earliest = min(diverging, key=lambda r: r.first_order)
         same = sum(r.first_module == earliest.first_module for r in diverging)
-        if earliest.first_rule == FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
-            named = sum(r.first_rule == FirstRule.ROUTING for r in diverging)
+        if earliest.first_rule is FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
+            named = sum(r.first_rule is FirstRule.ROUTING for r in diverging)
             return f"first divergence: {routing.headline(results)}; routing first in {named} of {len(results)} pairs"
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
@@ -86,7 +90,7 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
 
 
 def _pair_label(r: PairResult) -> str:
-    return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
+    return f"{r.key}, decode token {r.token_index}" if r.kind is PairKind.DECODE else str(r.key)
 
 
 def sample_table(samples: Sequence[SampleCause]) -> Table:
@@ -98,24 +102,25 @@ def sample_table(samples: Sequence[SampleCause]) -> Table:
             return "not compared"
         return f"{r.first_module} {r.first_io}" if r.verdict is Verdict.DIVERGES else "no divergence"
 
-    records = []
+    rows = []
     for s in samples:
         decode = [r for r in s.decode if r.compared]
         diverging = s.decode_diverging
-        records.append(
-            {
-                "request_id": s.key,
-                "global_step": s.global_step,
-                **{f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS},
-                "prefill": first(s.prefill),
-                "decode_compared": len(decode),
-                "decode_diverging": len(diverging),
-                "first_decode_token": diverging[0].token_index if diverging else None,
-                "first_decode_divergence": first(diverging[0]) if diverging else ("no divergence" if decode else ""),
-                "path": s.path.value if s.path else "",
-            }
+        gap = {f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS}
+        rows.append(
+            SampleRow(
+                request_id=s.key,
+                global_step=s.global_step,
+                **gap,
+                prefill=first(s.prefill),
+                decode_compared=len(decode),
+                decode_diverging=len(diverging),
+                first_decode_token=diverging[0].token_index if diverging else None,
+                first_decode_divergence=first(diverging[0]) if diverging else ("no divergence" if decode else ""),
+                path=s.path.value if s.path else "",
+            )
         )
-    return Table(records)
+    return Table([row.record() for row in rows], SAMPLE_COLUMNS)
 
 
 def pair_table(results: Sequence[PairResult]) -> Table:
@@ -170,7 +175,7 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
-        elif r.verdict is Verdict.DIVERGES and r.first_rule == FirstRule.ROUTING:
+        elif r.verdict is Verdict.DIVERGES and r.first_rule is FirstRule.ROUTING:
             lines.append(
                 f"  pair {r.pair} ({_pair_label(r)}): {routing.describe(r)}; "
                 f"{r.compared} compared, {r.unmatched} unmatched"
@@ -312,7 +317,7 @@ def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str,
 
 def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tuple[str, tuple[str, str]]:
     """``steps.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``run``)."""
-    Table(run_view.tidy(views), ["global_step", "scalar", "layer", "value"]).to_csv(os.path.join(folder, STEPS))
+    Table([row.record() for row in run_view.tidy(views)], STEP_COLUMNS).to_csv(os.path.join(folder, STEPS))
     painter.draw(run_heatmap, views, os.path.join(folder, RUN_PLOT))
     verdict = run_view.run_verdict(views)
     frame = Table(

@@ -1,8 +1,9 @@
-"""The vocabulary of the answer: row statuses, pair verdicts, unpaired reasons, the threshold, the result types.
+"""The vocabulary of the answer: every enum of the analysis layer, the threshold, the result types.
 
 ``compare`` builds :class:`ModuleRow` and :class:`PairResult` values; the report writes them. The
 fields of :class:`ModuleRow` *are* the columns of ``modules.csv`` (in that order), those of
-:class:`PairResult` the columns of ``pairs.csv``. Nothing here imports pandas, torch or an engine.
+:class:`PairResult` the columns of ``pairs.csv``, of :class:`SampleRow` ``samples.csv``'s and of
+:class:`StepRow` ``steps.csv``'s. Nothing here imports pandas, torch or an engine.
 """
 
 from __future__ import annotations

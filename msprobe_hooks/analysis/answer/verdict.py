@@ -101,13 +101,12 @@ class FixedRule:
 
     threshold: float = DEFAULT_THRESHOLD
 
-    def first(self, rows: Sequence[ModuleRow]) -> ModuleRow | None:
-        return next((r for r in _compared(rows) if r.error > self.threshold), None)
-
     def apply(self, result: PairResult, rows: Sequence[ModuleRow], named: Finding | None) -> Finding | None:
+        fixed = None
         for row in _compared(rows):
             row.diverges = row.error > self.threshold
-        fixed = self.first(rows)
+            if row.diverges and fixed is None:
+                fixed = row
         if fixed is None:
             return named
         result.threshold_module, result.threshold_io, result.threshold_error = fixed.module, fixed.io, fixed.error
@@ -140,9 +139,6 @@ class StepRule:
             largest = max(largest, row.error)
         return out
 
-    def first(self, rows: Sequence[ModuleRow]) -> ModuleRow | None:
-        return next((row for row, up in self.steps(rows) if up), None)
-
     def apply(self, result: PairResult, rows: Sequence[ModuleRow], named: Finding | None) -> Finding | None:
         """Each compared row's ``steps_up`` flag; the first step names the first divergence where no rule before
         this one did (``PairResult.first_before``: the largest error before it)."""
@@ -151,7 +147,7 @@ class StepRule:
             row.steps_up = up
             if up and stepped is None:
                 stepped, result.first_before = row, before
-            before = max(before, row.error)  # type: ignore[type-var]
+            before = max(before, row.error)
         return named or (Finding.of_row(FirstRule.STEP, stepped) if stepped is not None else None)
 
 
@@ -190,16 +186,16 @@ class RoutingRule:
             self.noise(layer, rows)
         first = next((r for r in compared if r.beyond_noise), None)
         noisy = {r.layer: r for r in compared if r.flipped and not r.beyond_noise}
-        if named is not None and (first is None or first.layer > (named.layer or 0)):  # type: ignore[operator]
+        if named is not None and (first is None or first.layer > (named.layer or 0)):
             flipped = noisy.get(named.layer)
             router_output = _row(rows, flipped.router, "output") if flipped is not None else None
-            if router_output is not None and named.order >= router_output.order:  # type: ignore[operator]
+            if router_output is not None and named.order >= router_output.order:
                 result.routing_noise_layer = named.layer  # the block's output moved for tokens rounding sent elsewhere
         if first is None:
             return named
         result.routing_layer, result.routing_share = first.layer, first.share
         router_output = _row(rows, first.router, "output")
-        if router_output is None or (named is not None and named.order < router_output.order):  # type: ignore[operator]
+        if router_output is None or (named is not None and named.order < router_output.order):
             return named  # a numeric divergence before the router: routing is its consequence
         if named is not None:
             result.numeric_first = f"{named.module} {named.io}"
@@ -209,7 +205,7 @@ class RoutingRule:
             "routing",
             first.share,
             router_output.order,
-            first.layer,  # type: ignore[arg-type]
+            first.layer,
             first.train_source or "",
             first.generate_source or "",
         )

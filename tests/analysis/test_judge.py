@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support import golden
 
 from msprobe_hooks.analysis.answer.verdict import FixedRule, RoutingRule, StepRule, judge, rules
 from msprobe_hooks.analysis.comparing.compare import compare_pair
 from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
-from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, FirstRule, Mode, ModuleRow, PairResult, Verdict
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, FirstRule, Mode, ModuleRow, PairKind, PairResult, Verdict
 from msprobe_hooks.cli import main
 
 VERDICT, MOE = golden.GOLDEN / "verdict", golden.GOLDEN / "moe"
@@ -81,3 +82,13 @@ def test_routing_decides_the_noise_from_the_step_rules_floor(tmp_path):
     noise = {layer.noise for r, _ in default for layer in r.routing if layer.noise is not None}
     assert noise and max(noise) < 1.0
     assert {layer.noise for r, _ in wide for layer in r.routing if layer.noise is not None} == {1.0}
+
+
+def test_a_pair_kind_is_read_as_its_enum_and_an_unknown_one_is_refused_with_its_line(tmp_path):
+    (pair, *_) = aligned(tmp_path, VERDICT / "actor", VERDICT / "fp32-clean" / "generate")
+    assert pair.kind is PairKind.PREFILL
+    line = json.loads((tmp_path / "pairs.jsonl").read_text().splitlines()[0])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**line, "kind": "prefil"}) + "\n")
+    with pytest.raises(pairs.PairsFileError, match=r"bad.jsonl:1: kind 'prefil'; accepted: prefill, decode"):
+        list(pairs.read(str(bad)))

@@ -9,18 +9,22 @@ gate calls it the same way::
     compared.answer.results  # one PairResult per pair
 
 The stages it runs, each importing only those before it: ``pairing`` (the pairs file), ``comparing`` (the rows of
-each pair, in a pool or on Ray), ``answer`` (verdicts, causes, the run), ``report`` (the files).
+each pair, in a pool or on Ray), ``answer`` (verdicts, causes, the run), ``report`` (the files). The verdict's rules
+are built here, once, and handed to each pair's worker (:mod:`.one_pair`: compare, judge, pack).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from msprobe_hooks.analysis import one_pair
+from msprobe_hooks.analysis.answer import verdict
 from msprobe_hooks.analysis.answer.assemble import Answer, assemble
 from msprobe_hooks.analysis.answer.symptom import read_gaps
 from msprobe_hooks.analysis.comparing import names, pool
@@ -107,10 +111,11 @@ def _compare(
     mapping: str | None,
     painter: Painter,
 ) -> Compared:
+    work = functools.partial(one_pair.compare_packed, rules=verdict.rules(options.threshold), mapping=mapping)
     if options.ray:
-        outcomes = pool.compare_on_ray(pair_list, options.threshold, options.ray, mapping)
+        outcomes = pool.compare_on_ray(pair_list, work, options.ray)
     else:
-        outcomes = pool.compare_all(pair_list, options.threshold, options.jobs, mapping)
+        outcomes = pool.compare_all(pair_list, work, options.jobs)
     results = []
     with RowStore(output) as store:  # each pair's rows on disk as it comes: memory stays flat in them
         try:

@@ -25,12 +25,12 @@ from support import golden
 from support.compare_runs import unpaired_table
 from support.pages import assert_answer_first
 
-from msprobe_hooks.analysis.answer.symptom import CausePath
-from msprobe_hooks.analysis.comparing.compare import compare_pair
+from msprobe_hooks.analysis.answer.verdict import rules
 from msprobe_hooks.analysis.layout import find_logs
+from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.pairing.align import Result, pair_logs
-from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, PairResult, Unpaired, Verdict
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, CausePath, PairResult, Unpaired, Verdict
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import DISPATCH_LOG, GAP_LOG, TRAINING_LOG
 from msprobe_hooks.log import NAME as LOGGER
@@ -120,7 +120,7 @@ def verdicts(found: list[pairs.Pair]) -> dict[tuple[str, int | None], PairResult
     """(request, position) -> compare's result for that pair (prefill pairs: position None)."""
     results = {}
     for index, pair in enumerate(found):
-        result, _ = compare_pair(index, pair, DEFAULT_THRESHOLD)
+        result, _ = judged_pair(index, pair, rules(DEFAULT_THRESHOLD))
         results[(pair.key, pair.position)] = result
     return results
 

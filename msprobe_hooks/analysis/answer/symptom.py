@@ -13,20 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from msprobe_hooks.analysis.pairing.pairs import PairKind
-from msprobe_hooks.analysis.results import PairResult, Verdict, _Text
+from msprobe_hooks.analysis.results import GAP_FIELDS, CausePath, PairKind, PairResult, Verdict
 from msprobe_hooks.join_keys import strip_vllm_suffix
 from msprobe_hooks.jsonl import records
-
-GAP_FIELDS = ("max", "mean", "argmax", "tokens", "over", "probs_diff_max", "probs_diff_mean")
-
-
-class CausePath(_Text):
-    """Where a divergence is: the words of the report's verdict."""
-
-    PREFILL = "prefill path"  # the prompt's forward already differs: every decode token inherits it
-    DECODE = "decode path"  # the prompt agrees, response tokens do not
-    NEITHER = "neither"  # nothing diverges where pairs were compared
 
 
 @dataclass
@@ -76,7 +65,7 @@ def causes(results: Sequence[PairResult], gaps: dict[tuple[str, object], dict[st
     samples: dict[tuple[str, object], SampleCause] = {}
     for r in results:
         sample = samples.setdefault((str(r.key), r.global_step), SampleCause(str(r.key), r.global_step))
-        if r.kind == PairKind.DECODE:
+        if r.kind is PairKind.DECODE:
             sample.decode.append(r)
         elif sample.prefill is None or r.verdict is Verdict.DIVERGES:
             sample.prefill = r

@@ -52,32 +52,11 @@ from typing import Any
 
 from msprobe_hooks import jsonl
 from msprobe_hooks.analysis import layout
-from msprobe_hooks.analysis.results import _Text
 
-
-class JoinRule(_Text):
-    """What joined a training dump to an inference dump."""
-
-    REQUEST_ID = "request_id"  # the engine's suffix stripped, both sides carried it
-    PROMPT_HASH = "prompt_hash"  # the hash of the prompt token ids
-
-
-class PairKind(_Text):
-    """What a pair compares."""
-
-    PREFILL = "prefill"  # a prompt's forward against its inference prefill
-    DECODE = "decode"  # one response token's row of a training sequence against its inference decode step
-
-
-class RankRule(_Text):
-    """How the generate rank of a pair was chosen."""
-
-    SAME = "same"  # the generate rank equal to the training rank (the recipe's rule; Megatron's only one)
-    FSDP_ANY = "fsdp_any"  # FSDP ranks hold whole activations: the lowest generate rank that dumped it
-    # FSDP against a tensor-parallel engine: every rank of the engine that ran the prefill (generate.shards),
-    # split tensors made whole; generate.rank is its lowest rank
-    ALL_RANKS = "all_ranks"
-
+# The pairs file's words; results.py holds every enum of the analysis layer.
+from msprobe_hooks.analysis.results import JoinRule as JoinRule
+from msprobe_hooks.analysis.results import PairKind
+from msprobe_hooks.analysis.results import RankRule as RankRule
 
 SIDES = ("train", "generate")
 LOG_FORMATS = ("msprobe-hooks", "recipe")
@@ -158,7 +137,7 @@ class Pair:
     generate: GenerateSide
     prompt_len: int | None = None
     rank_rule: str | None = None
-    kind: str = PairKind.PREFILL
+    kind: PairKind = PairKind.PREFILL
     position: int | None = None  # decode: the token's position in its sequence (the row's computed_tokens)
     token_index: int | None = None  # decode: the response token whose log-prob that row computes (0: prefill's)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +154,8 @@ class Pair:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Pair:
         known = {name: record[name] for name in cls._ORDER if name in record}
+        if "kind" in known:
+            known["kind"] = PairKind(known["kind"])
         known["train"] = _side(TrainSide, record["train"])
         known["generate"] = _side(GenerateSide, record["generate"])
         extra = {k: v for k, v in record.items() if k not in cls._ORDER}
@@ -245,6 +226,9 @@ def read(path: str) -> Iterator[Pair]:
                 _resolve_log(shard, path)
         record["train"]["gap_logs"] = side_files.gap_logs(record["train"], where)
         record["generate"]["routed_experts_log"] = side_files.routed_experts_log(record["generate"], where)
+        if record.get("kind", PairKind.PREFILL) not in list(PairKind):
+            kinds = ", ".join(PairKind)
+            raise PairsFileError(f"{where}: kind {record['kind']!r}; accepted: {kinds}")
         if not isinstance(record.setdefault("pair", index), int):
             raise PairsFileError(f"{where}: pair must be an integer (the pair's number)")
         yield Pair.from_record(record)

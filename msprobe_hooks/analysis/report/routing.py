@@ -1,7 +1,8 @@
 """The MoE routing verdict in words, and the report's routing section (``routing.csv``).
 
-What the routers chose and whether a flip is within the noise is decided in
-:mod:`msprobe_hooks.analysis.comparing.routing`; this module only says it.
+What the routers chose is compared in :mod:`msprobe_hooks.analysis.comparing.routing`; whether a flip is within
+the noise, and whether routing names the divergence, the routing rule of :mod:`msprobe_hooks.analysis.answer.verdict`
+decides. This module only says it.
 """
 
 from __future__ import annotations

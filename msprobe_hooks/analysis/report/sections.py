@@ -15,9 +15,9 @@ from typing import Any
 
 from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
-from msprobe_hooks.analysis.answer.symptom import GAP_FIELDS, SampleCause, path_verdict
+from msprobe_hooks.analysis.answer.symptom import SampleCause, path_verdict
 from msprobe_hooks.analysis.report import figures, interactive, plots
-from msprobe_hooks.analysis.results import PairResult, Verdict
+from msprobe_hooks.analysis.results import GAP_FIELDS, SAMPLE_COLUMNS, STEP_COLUMNS, PairResult, SampleRow, Verdict
 from msprobe_hooks.analysis.table import Table
 
 SAMPLES = "samples.csv"
@@ -66,24 +66,25 @@ def sample_table(samples: Sequence[SampleCause]) -> Table:
             return "not compared"
         return f"{r.first_module} {r.first_io}" if r.verdict is Verdict.DIVERGES else "no divergence"
 
-    records = []
+    rows = []
     for s in samples:
         decode = [r for r in s.decode if r.compared]
         diverging = s.decode_diverging
-        records.append(
-            {
-                "request_id": s.key,
-                "global_step": s.global_step,
-                **{f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS},
-                "prefill": first(s.prefill),
-                "decode_compared": len(decode),
-                "decode_diverging": len(diverging),
-                "first_decode_token": diverging[0].token_index if diverging else None,
-                "first_decode_divergence": first(diverging[0]) if diverging else ("no divergence" if decode else ""),
-                "path": s.path.value if s.path else "",
-            }
+        gap = {f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS}
+        rows.append(
+            SampleRow(
+                request_id=s.key,
+                global_step=s.global_step,
+                **gap,
+                prefill=first(s.prefill),
+                decode_compared=len(decode),
+                decode_diverging=len(diverging),
+                first_decode_token=diverging[0].token_index if diverging else None,
+                first_decode_divergence=first(diverging[0]) if diverging else ("no divergence" if decode else ""),
+                path=s.path.value if s.path else "",
+            )
         )
-    return Table(records)
+    return Table([row.record() for row in rows], SAMPLE_COLUMNS)
 
 
 def symptom(folder: str, found: Answer) -> Section | None:
@@ -114,7 +115,7 @@ def run(folder: str, found: Answer) -> Section | None:
     views = found.steps
     if not views:
         return None
-    Table(run_view.tidy(views), ["global_step", "scalar", "layer", "value"]).to_csv(os.path.join(folder, STEPS))
+    Table([row.record() for row in run_view.tidy(views)], STEP_COLUMNS).to_csv(os.path.join(folder, STEPS))
     frame = Table(
         [
             {

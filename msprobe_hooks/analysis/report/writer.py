@@ -18,7 +18,6 @@ from typing import Any
 from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
 from msprobe_hooks.analysis.answer.symptom import path_verdict
-from msprobe_hooks.analysis.pairing.pairs import PairKind
 from msprobe_hooks.analysis.report import figures, interactive, plots, routing, sections
 from msprobe_hooks.analysis.report.plots import Painter
 from msprobe_hooks.analysis.report.sections import Builder, Figure, Section, table_html
@@ -29,6 +28,7 @@ from msprobe_hooks.analysis.results import (
     PAIR_RESULT_COLUMNS,
     THRESHOLD_OF,
     FirstRule,
+    PairKind,
     PairResult,
     Status,
     Verdict,
@@ -48,9 +48,9 @@ SUMMARY_COLUMNS = [
 
 def _by_rule(r: PairResult, threshold: float) -> str:
     """Why ``r``'s first divergence is one, and what the fixed threshold says when it names another row."""
-    if r.first_rule == FirstRule.ROUTING:
+    if r.first_rule is FirstRule.ROUTING:
         return routing.describe(r)
-    if r.first_rule == "step":
+    if r.first_rule is FirstRule.STEP:
         why = f"error {r.first_error:.3g}, a step up from {r.first_before:.3g} before it"
     else:
         why = f"error {r.first_error:.3g} > {threshold:g}"
@@ -66,8 +66,8 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     if diverging:
         earliest = min(diverging, key=lambda r: r.first_order)
         same = sum(r.first_module == earliest.first_module for r in diverging)
-        if earliest.first_rule == FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
-            named = sum(r.first_rule == FirstRule.ROUTING for r in diverging)
+        if earliest.first_rule is FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
+            named = sum(r.first_rule is FirstRule.ROUTING for r in diverging)
             return f"first divergence: {routing.headline(results)}; routing first in {named} of {len(results)} pairs"
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
@@ -82,7 +82,7 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
 
 
 def _pair_label(r: PairResult) -> str:
-    return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
+    return f"{r.key}, decode token {r.token_index}" if r.kind is PairKind.DECODE else str(r.key)
 
 
 def pair_table(results: Sequence[PairResult]) -> Table:
@@ -137,7 +137,7 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
-        elif r.verdict is Verdict.DIVERGES and r.first_rule == FirstRule.ROUTING:
+        elif r.verdict is Verdict.DIVERGES and r.first_rule is FirstRule.ROUTING:
             lines.append(
                 f"  pair {r.pair} ({_pair_label(r)}): {routing.describe(r)}; "
                 f"{r.compared} compared, {r.unmatched} unmatched"

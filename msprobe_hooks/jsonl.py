@@ -16,6 +16,21 @@ import os
 import threading
 from typing import Any
 
+_pid = os.getpid()  # this process's id: asking the kernel at every line costs a system call
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def current_pid() -> int:
+    """``os.getpid()``, without the system call (kept by a fork hook)."""
+    return _pid
+
 
 def encode(record: dict[str, Any]) -> str:
     """One record as the compact JSON every log line uses (non-ASCII kept, unknown types as ``str``)."""
@@ -34,10 +49,10 @@ class JsonlLog:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, str(os.getpid()), self.filename)
+        return os.path.join(self.root, str(_pid), self.filename)
 
     def _open(self) -> int:
-        pid = os.getpid()
+        pid = _pid
         if self._pid == pid and os.fstat(self._fd).st_nlink == 0:
             # Removed under us (a cleanup deleted the dump folder): later lines would go to a file no one
             # can read. Write anew where readers look; what the file held went with it.

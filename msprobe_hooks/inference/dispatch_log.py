@@ -13,7 +13,6 @@ Files are ``{generate dump_path}/{pid}/dispatch_log.jsonl``, written through
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from msprobe_hooks.join_keys import (
     prompt_hash,
     timestamp,
 )
-from msprobe_hooks.jsonl import JsonlLog, encode
+from msprobe_hooks.jsonl import JsonlLog, current_pid, encode
 
 
 class ScheduledRequest(NamedTuple):
@@ -143,7 +142,7 @@ def step_line(
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
     return (
-        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{os.getpid()},'
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{current_pid()},'
         f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
         f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
         f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}],'

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from synthetic_dumps import deeper, real_pairs, renumbered
 
-from msprobe_hooks.analysis.comparing import compare
+from msprobe_hooks.analysis.answer.verdict import rules
+from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
@@ -115,7 +116,7 @@ def main() -> int:
         few, many = renumbered(given, FEW), renumbered(given, MANY)
         start = time.perf_counter()
         for i, pair in enumerate(few):
-            compare.compare_pair(i, pair, DEFAULT_THRESHOLD)
+            judged_pair(i, pair, rules(DEFAULT_THRESHOLD))
         in_process = (time.perf_counter() - start) / len(few)
         load = os.getloadavg()[0]
         theirs, failed = _theirs(few, folder)

@@ -114,7 +114,7 @@ def test_a_stale_weight_from_global_step_2_is_a_module_since_that_step(tmp_path)
 # --- the report: diagnosis.json, the first line, --fail-on ---------------------------------------------------------
 
 
-def test_diagnosis_json_and_the_first_line_of_every_report(tmp_path, capsys):
+def test_diagnosis_json_and_the_cause_line_opening_every_report(tmp_path, capsys):
     pairs_file, report = tmp_path / "pairs.jsonl", tmp_path / "report"
     assert (
         main(["align", str(VERDICT / "actor"), str(VERDICT / "fp32-up_proj-1.01" / "generate"), "-o", str(pairs_file)])
@@ -134,9 +134,9 @@ def test_diagnosis_json_and_the_first_line_of_every_report(tmp_path, capsys):
     assert isinstance(record["evidence"], list) and all(isinstance(e, str) for e in record["evidence"])
     line = f"cause: module (prefill): {record['sentence']}"
     assert printed[0] == line
-    assert (report / "summary.md").read_text().splitlines()[0] == line
+    assert (report / "summary.md").read_text().split("\n\n")[:2] == ["# compare: 4 pairs", f"**{line}**"]
     page = (report / "index.html").read_text()
-    assert page.split("<body>\n", 1)[1].startswith(f"<p><strong>{line}</strong></p>")
+    assert page.split("</h1>\n", 1)[1].startswith(f"<p><strong>{line}</strong></p>")
     assert sum(p.startswith("cause:") for p in printed) == 1
 
 

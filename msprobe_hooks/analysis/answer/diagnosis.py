@@ -24,8 +24,7 @@ from typing import Any, Protocol
 from msprobe_hooks.analysis.answer.run_view import StepView, token_gap
 from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.answer.verdict import UNIT_ROUNDOFF, StepRule, unit_roundoff
-from msprobe_hooks.analysis.pairing.pairs import PairKind
-from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, ModuleRow, PairResult, Verdict
+from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, ModuleRow, PairKind, PairResult, Verdict
 
 DIAGNOSIS_FILE = "diagnosis.json"
 SIDES = ("training", "rollout")

@@ -66,10 +66,14 @@ def release(ctx: PatchContext) -> Version:
     return Version(ctx.version)
 
 
-# Set by patch(), before any wrapper runs: this patch's context and the SGLang version it read.
+# Set by patch(), before any wrapper runs: this patch's context (the SGLang version its gate read included).
 _ctx: PatchContext | None = None
-_version: Version = None  # type: ignore[assignment]
 _server_args_at = -1  # the position of server_args among ModelRunner.__init__'s arguments (after self)
+
+
+def _context() -> PatchContext:
+    assert _ctx is not None, "patch() sets the context before any wrapper runs"
+    return _ctx
 
 
 # --- what a ForwardBatch holds --------------------------------------------------------------------
@@ -144,7 +148,7 @@ class SglangRunner(RunnerLog):
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
         window = StepWindow(_steps.take(self.debugger), requests=rows, forward_mode=mode)
-        if self.own and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
+        if self.own and self.debugger is not None and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.
             self.debugger.start(model=model, rank_id=self.rank_id)
             window.started = True
@@ -179,9 +183,9 @@ def _generate_root(cfg: config_module.Config) -> str:
     return cfg.generate_dump_root
 
 
-def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
+def _own_debugger(config_path: str, root: str) -> Any | None:
     try:
-        dbg = debugger.get_debugger(cfg.generate_config, os.path.join(root, str(os.getpid())))
+        dbg = debugger.get_debugger(config_path, os.path.join(root, str(os.getpid())))
     except debugger.DebuggerUnavailable as exc:
         log.error("SGLang forwards are not dumped: %s", exc)
         return None
@@ -192,7 +196,7 @@ def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
 
 
 def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
-    version = _version
+    version = release(_context())
     for versions, field, graph_on, fix in records.GRAPH_SWITCHES:
         if version in SpecifierSet(versions) and getattr(server_args, field) == graph_on:
             return (
@@ -204,8 +208,9 @@ def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
 
 def graph_problem(server_args: Any) -> str | None:
     """Why a dump asked for here would come out empty because of CUDA graphs, or None."""
-    cfg = _ctx.config
-    version = _version
+    ctx = _context()
+    cfg = ctx.config
+    version = release(ctx)
     if version < NATIVE_FROM and cfg is not None and cfg.generate_config:
         return _graph_refusal(server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
     if version in _NATIVE_GRAPH_CHECK and server_args.msprobe_dump_config is not None:
@@ -215,11 +220,13 @@ def graph_problem(server_args: Any) -> str | None:
 
 def _setup(runner: Any) -> SglangRunner | None:
     global _warned_unused_config
-    cfg = _ctx.config
+    ctx = _context()
+    cfg = ctx.config
     if cfg is None:
         return None
-    version = str(_version)
-    native = getattr(runner, "msprobe_debugger", None) if _version >= NATIVE_FROM else None
+    release_version = release(ctx)
+    version = str(release_version)
+    native = getattr(runner, "msprobe_debugger", None) if release_version >= NATIVE_FROM else None
     if native is not None:
         root = os.path.abspath(debugger.dump_root(native))
         if id(native) not in _redirected:  # the draft runner of a process shares the debugger
@@ -229,8 +236,8 @@ def _setup(runner: Any) -> SglangRunner | None:
     root = _generate_root(cfg)
     ours = None
     rank_id = None
-    if _version < NATIVE_FROM and cfg.generate_config:
-        ours = _own_debugger(cfg, root)
+    if release_version < NATIVE_FROM and cfg.generate_config:
+        ours = _own_debugger(cfg.generate_config, root)
         rank_id = runner.gpu_id if ours is not None and runner.dp_size is not None and runner.dp_size > 1 else None
     elif cfg.generate_config and not _warned_unused_config:
         _warned_unused_config = True
@@ -261,12 +268,13 @@ def _graph_check(args: tuple, kwargs: dict) -> str | None:
 
 
 def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    problem = _ctx.guarded("checking ModelRunner's server_args for CUDA graphs", _graph_check, args, kwargs)
+    ctx = _context()
+    problem = ctx.guarded("checking ModelRunner's server_args for CUDA graphs", _graph_check, args, kwargs)
     if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
         log.error("%s", problem)
         raise GraphModeRefused(problem)
     result = wrapped(*args, **kwargs)
-    _ctx.guarded("setting up the runner's dump and dispatch log", _attach_setup, instance)
+    ctx.guarded("setting up the runner's dump and dispatch log", _attach_setup, instance)
     return result
 
 
@@ -280,23 +288,24 @@ def _begin(runner: SglangRunner, instance: Any, args: tuple, kwargs: dict) -> St
 
 def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     runner: SglangRunner | None = getattr(instance, _STATE_ATTR, None)
-    window = None
-    if runner is not None:
-        window = _ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
+    if runner is None:
+        return wrapped(*args, **kwargs)
+    ctx = _context()
+    window = ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
     try:
         return wrapped(*args, **kwargs)
     finally:
         if window is not None:
-            _ctx.guarded("ending the forward's dump and log line", runner.end, window)
+            ctx.guarded("ending the forward's dump and log line", runner.end, window)
 
 
 def patch(module: ModuleType, ctx: PatchContext) -> None:
-    global _ctx, _version, _server_args_at
+    global _ctx, _server_args_at
     cls = module.ModelRunner
     parameters = list(inspect.signature(cls.__init__).parameters)
     if "server_args" not in parameters:
         raise patching.TargetChanged("ModelRunner.__init__ has no server_args parameter")
-    # An unreadable version stops the patch here, not in a forward.
-    _ctx, _version, _server_args_at = ctx, release(ctx), parameters.index("server_args") - 1
+    release(ctx)  # an unreadable version stops the patch here, not in a forward
+    _ctx, _server_args_at = ctx, parameters.index("server_args") - 1
     ctx.wrap(cls, "__init__", _init)
     ctx.wrap(cls, "forward", _forward)

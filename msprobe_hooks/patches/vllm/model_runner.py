@@ -21,7 +21,7 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from msprobe_hooks.config import read_msprobe_config
 from msprobe_hooks.inference.dispatch_log import open_log
@@ -36,6 +36,11 @@ _runner_class: Any = None  # the GPUModelRunner class patched
 _ctx: PatchContext | None = None  # the context it was patched with
 
 
+def _context() -> PatchContext:
+    assert _ctx is not None, "patch() sets the context before any wrapper runs"
+    return _ctx
+
+
 class EngineNotEager(Refusal):
     """MSPROBE_GENERATE_CONFIG with a compiled or graph-captured engine (raised under MSPROBE_HOOKS_STRICT=1)."""
 
@@ -45,7 +50,7 @@ def _owner(cls: type, name: str) -> type | None:
 
 
 def _set_up(runner: Any, base: type) -> None:
-    cfg = _ctx.config
+    cfg = _context().config
     if cfg is None:
         return
     state = VllmRunner(runner, cfg)
@@ -81,14 +86,14 @@ def _set_up(runner: Any, base: type) -> None:
 def _init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
     result = wrapped(*args, **kwargs)
     # EngineNotEager (MSPROBE_HOOKS_STRICT=1) is a Refusal: it passes the guard and stops the engine.
-    _ctx.guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)
+    _context().guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)
     return result
 
 
 def _set_up_runner(runner: Any) -> None:
     replaced = _install(_runner_class)
     if replaced:
-        logger().info("re-applied %s to %s, replaced since import", _ctx.name, ", ".join(replaced))
+        logger().info("re-applied %s to %s, replaced since import", _context().name, ", ".join(replaced))
     _set_up(runner, _runner_class)
 
 
@@ -101,7 +106,7 @@ def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwar
         result = wrapped(*args, **kwargs)
     finally:
         state.depth -= 1
-    _ctx.guarded("recording the step's requests", _record_step, instance, state, args, kwargs)
+    _context().guarded("recording the step's requests", _record_step, instance, state, args, kwargs)
     return result
 
 
@@ -109,8 +114,9 @@ def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> N
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
-    if _ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
-        _ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), _ctx.guarded)
+    ctx = _context()
+    if ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
+        ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
     if state.routing is not None:
         state.routing.discard()  # ids of forwards no step of ours covered (a dummy run)
     if state.drive_config is not None and state.debugger is None:
@@ -121,14 +127,15 @@ def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> N
         state.start(runner, requests)
 
 
-def _ends_steps(state: VllmRunner | None) -> bool:
+def _ends_steps(state: VllmRunner | None) -> TypeGuard[VllmRunner]:
     """Whether this runner has something to do once a step is over: a dump it drives, routers it records."""
     return state is not None and (state.drive_config is not None or state.routing is not None)
 
 
 def _end_step(state: VllmRunner) -> None:
-    _ctx.guarded("ending the step's dump", state.finish)
-    _ctx.guarded("writing the step's routed experts", state.end_routing)
+    ctx = _context()
+    ctx.guarded("ending the step's dump", state.finish)
+    ctx.guarded("writing the step's routed experts", state.end_routing)
 
 
 def _execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -170,13 +177,14 @@ DUMP_WRAPPERS = frozenset({"execute_model", "sample_tokens"})
 
 def _install(cls: type) -> list[str]:
     """Wrap every method (that this configuration needs) not, or no longer, wrapped; the names newly wrapped."""
-    dumps = _ctx.config is not None and (bool(_ctx.config.generate_config) or _ctx.config.routing)
+    ctx = _context()
+    dumps = ctx.config is not None and (bool(ctx.config.generate_config) or ctx.config.routing)
     wrapped = []
     for name, wrapper in WRAPPERS.items():
         if name not in vars(cls) or (name in DUMP_WRAPPERS and not dumps):
             continue
-        if not _ctx.is_wrapped(cls, name):
-            _ctx.wrap(cls, name, wrapper)
+        if not ctx.is_wrapped(cls, name):
+            ctx.wrap(cls, name, wrapper)
             wrapped.append(f"{cls.__qualname__}.{name}")
     return wrapped
 

@@ -17,8 +17,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.analysis.pairing import align, pairs
-from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request, step_line
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG, prompt_hash
@@ -93,9 +93,7 @@ def build(root: str) -> tuple[str, str]:
 
 
 def _join(train: str, generate: str, out: str) -> int:
-    aligner = align.Aligner(os.path.dirname(out))
-    aligner.read(find_logs(train, TRAINING_LOG), find_logs(generate, DISPATCH_LOG))
-    result = aligner.run()
+    result = align.pair_logs(find_logs(train, TRAINING_LOG), find_logs(generate, DISPATCH_LOG), os.path.dirname(out))
     pairs.write(result.pairs, out)
     return len(result.pairs)
 

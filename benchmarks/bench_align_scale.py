@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench_align import REQUESTS, prompt_hashes, write_dispatch, write_training
 
-from msprobe_hooks.analysis.pairing.logs import find_logs
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 MILLIONS = (1, 10)
@@ -35,9 +35,7 @@ import resource, sys, time
 from msprobe_hooks.analysis.pairing import align
 out, fifo, *train = sys.argv[1:]
 start = time.process_time()
-aligner = align.Aligner(out)
-aligner.read(train, [fifo])
-result = aligner.run()
+result = align.pair_logs(train, [fifo], out)
 cpu = time.process_time() - start
 print(len(result.pairs), result.generate_total, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

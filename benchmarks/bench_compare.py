@@ -9,8 +9,10 @@ over 100 (the real pairs repeated), with ``--jobs 1`` and with the default (all 
 ``pool.PAIRS_PER_PROCESS`` pairs a worker, the figures' process beside it), each the median of
 :data:`REPEATS`, divided by the number of pairs; msprobe's CLI once per pair on the 5 pairs (it takes one
 pair per call, so its cost per pair does not depend on how many there are). Also the time per pair in
-process (no start-up, no report), and the peak memory of reading one ~200 MB dump.json (a real inference
-dump with its layers repeated) against ``json.load``. Prints seconds, ratios and the load average; no
+process (no start-up, no report), and the peak memory of reading one dump.json of ~100 and ~200 MB (a real
+inference dump with its layers repeated) against ``json.load``: the reader alone (flat in the dump's size), and
+compare's reading of a side (it keeps every module tensor's statistics, so it grows with the tensors: here, where
+only layers are repeated, with the size). Prints seconds, ratios and the load average; no
 pass/fail.
 """
 
@@ -27,7 +29,8 @@ from pathlib import Path
 
 from synthetic_dumps import deeper, real_pairs, renumbered
 
-from msprobe_hooks.analysis.comparing import compare
+from msprobe_hooks.analysis.answer.verdict import rules
+from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
@@ -35,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FEW, MANY = 5, 100
 REPEATS = 3
-LARGE_MB = 200
+LARGE_MB = (100, 200)  # two sizes: what stays flat as the dump grows, and what does not
 
 
 def _timed(command: list[str], check: bool = True) -> tuple[float, int]:
@@ -45,24 +48,43 @@ def _timed(command: list[str], check: bool = True) -> tuple[float, int]:
     return time.perf_counter() - start, done.returncode
 
 
-def _peak_mb(code: str) -> float:
-    """Peak resident memory of a fresh interpreter running ``code``, in MB."""
+def _peak_mb(code: str) -> tuple[float, list[str]]:
+    """Peak resident memory of a fresh interpreter running ``code``, in MB, and what ``code`` printed."""
     probe = f"import resource\n{code}\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     done = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=REPO)
-    return int(done.stdout.split()[-1]) / 1024
+    *printed, peak = done.stdout.split()
+    return int(peak) / 1024, printed
 
 
 def _memory(template: str, folder: Path) -> None:
-    path = folder / "large.json"
+    """Peak memory above the imports at each of :data:`LARGE_MB`: json.load, the reader alone, compare's side."""
     per_layer = 10 * 2**10  # about what one decoder layer of the real dump takes; checked against the size below
-    deeper(template, path, LARGE_MB * 2**20 // per_layer)
-    size = path.stat().st_size / 2**20
-    imports = "import json\nfrom msprobe_hooks.analysis import compare, names"
-    base = _peak_mb(imports)
-    whole = _peak_mb(f"{imports}\njson.load(open({str(path)!r}))") - base
-    ours = _peak_mb(f"{imports}\ncompare.read_side({str(path)!r}, names.load())") - base
-    print(f"  peak memory on a {size:.0f} MB dump.json (a real inference dump, its layers repeated):")
-    print(f"    json.load {whole:.0f} MB, compare's reader {ours:.0f} MB above the imports ({base:.0f} MB)")
+    imports = "\n".join(
+        [
+            "import json",
+            "from msprobe_hooks.analysis import dumpfile",
+            "from msprobe_hooks.analysis.comparing import compare, names",
+        ]
+    )
+    base = _peak_mb(imports)[0]
+    print(f"  peak memory reading a dump.json (real, its layers repeated), above the imports ({base:.0f} MB):")
+    for megabytes in LARGE_MB:
+        path = folder / f"large{megabytes}.json"
+        deeper(template, path, megabytes * 2**20 // per_layer)
+        size = path.stat().st_size / 2**20
+        whole = _peak_mb(f"{imports}\njson.load(open({str(path)!r}))")[0] - base
+        reader = _peak_mb(f"{imports}\nfor _ in dumpfile.entries({str(path)!r}): pass")[0] - base
+        peak, (tensors, rows) = _peak_mb(
+            f"{imports}\nside = compare.read_side({str(path)!r}, names.load())\n"
+            "print(len(side.tensors), len(side.not_comparable))"
+        )
+        side = peak - base
+        print(
+            f"    {size:.0f} MB: json.load {whole:.0f} MB; the reader (dumpfile.entries) {reader:.0f} MB; compare's "
+            f"read_side {side:.0f} MB ({side / whole:.2f}x json.load), holding {tensors} module tensors' statistics "
+            f"and {rows} not-comparable rows"
+        )
+        path.unlink()
 
 
 def _ours(pairs_file: Path, out: Path, jobs: list[str]) -> float:
@@ -94,7 +116,7 @@ def main() -> int:
         few, many = renumbered(given, FEW), renumbered(given, MANY)
         start = time.perf_counter()
         for i, pair in enumerate(few):
-            compare.compare_pair(i, pair, DEFAULT_THRESHOLD)
+            judged_pair(i, pair, rules(DEFAULT_THRESHOLD))
         in_process = (time.perf_counter() - start) / len(few)
         load = os.getloadavg()[0]
         theirs, failed = _theirs(few, folder)

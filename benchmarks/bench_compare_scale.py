@@ -23,7 +23,8 @@ from pathlib import Path
 
 from synthetic_dumps import deeper_pairs, real_pairs, renumbered
 
-from msprobe_hooks.analysis.comparing import compare
+from msprobe_hooks.analysis.answer.verdict import rules
+from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
@@ -41,7 +42,7 @@ def main() -> int:
         pairs_file = folder / "pairs.jsonl"
         pairs.write(renumbered(deep, count), str(pairs_file))
         start = time.perf_counter()
-        rows = sum(len(compare.compare_pair(i, p, DEFAULT_THRESHOLD)[1]) for i, p in enumerate(deep[:SAMPLE]))
+        rows = sum(len(judged_pair(i, p, rules(DEFAULT_THRESHOLD))[1]) for i, p in enumerate(deep[:SAMPLE]))
         per_pair = (time.perf_counter() - start) / SAMPLE
         load = os.getloadavg()[0]
         out = folder / "report"

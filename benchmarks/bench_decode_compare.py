@@ -62,7 +62,8 @@ def _peak_mb(code: str) -> float:
 
 
 def main() -> int:
-    from msprobe_hooks.analysis.comparing import compare
+    from msprobe_hooks.analysis.answer.verdict import rules
+    from msprobe_hooks.analysis.one_pair import judged_pair
     from msprobe_hooks.analysis.pairing import pairs
     from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 
@@ -75,7 +76,7 @@ def main() -> int:
             runs = []
             for _ in range(REPEATS):
                 start = time.perf_counter()
-                compare.compare_pair(i, pair, DEFAULT_THRESHOLD)
+                judged_pair(i, pair, rules(DEFAULT_THRESHOLD))
                 runs.append(time.perf_counter() - start)
             seconds[pair.kind].append(statistics.median(runs))
         print(f"{len(found)} pairs (tensor mode, verl FSDP2 vs vLLM CPU, 4 layers hidden 128), {os.cpu_count()} cores")
@@ -87,8 +88,12 @@ def main() -> int:
             largest = max(decode, key=lambda p: _tensor_bytes(p.train.dump) + _tensor_bytes(p.generate.dump))
             files = (_tensor_bytes(largest.train.dump) + _tensor_bytes(largest.generate.dump)) / 2**20
             index = found.index(largest)
-            imports = "from msprobe_hooks.analysis import compare, pairs\nimport torch"
-            run = f"p = list(pairs.read({str(pairs_file)!r}))[{index}]\ncompare.compare_pair(0, p, 0.02)"
+            imports = (
+                "from msprobe_hooks.analysis.one_pair import judged_pair\n"
+                "from msprobe_hooks.analysis.answer.verdict import rules\n"
+                "from msprobe_hooks.analysis.pairing import pairs\nimport torch"
+            )
+            run = f"p = list(pairs.read({str(pairs_file)!r}))[{index}]\njudged_pair(0, p, rules(0.02))"
             base, peak = _peak_mb(imports), _peak_mb(f"{imports}\n{run}")
             print(
                 f"  one decode pair: {peak - base:.1f} MB above the imports ({base:.0f} MB), its two dumps' tensor "

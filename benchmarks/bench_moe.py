@@ -6,8 +6,8 @@ Without a pairs file: the golden Qwen3-MoE trees (``tests/golden/moe``: real ver
 mode against real vLLM statistics with its ``routed_experts.jsonl``; the router-fault copy), aligned here;
 ``make demo-moe`` leaves bigger pairs (52 tokens) under ``examples/msprobe_dump/moe/*/pairs.jsonl``. Timed:
 the CLI over all pairs, a fresh process as a user runs it (``--jobs 1``), per pair; in this process, per
-pair, ``compare_pair`` whole and with the routing comparison left out (``routing.judge`` replaced by a no-op
-for the measurement), and ``routing.judge`` alone. Medians of ``ROUNDS``; prints seconds and shares, no
+pair, ``compare_pair`` whole and with the routing comparison left out (``routing.compare`` replaced by a no-op
+for the measurement), and ``routing.compare`` alone. Medians of ``ROUNDS``; prints seconds and shares, no
 pass/fail.
 """
 
@@ -56,21 +56,29 @@ def main() -> int:
 
         def whole() -> None:
             for i, pair in enumerate(found):
-                compare.compare_pair(i, pair, 2e-2)
+                compare.compare_pair(i, pair)
 
-        real_judge = routing.judge
+        real_compare = routing.compare
         whole()  # warm: torch imported, the map loaded
         with_routing = _median(whole)
-        routing.judge = lambda *args, **kwargs: None
+        routing.compare = lambda *args, **kwargs: None
         try:
             without = _median(whole)
         finally:
-            routing.judge = real_judge
-        outcomes = [compare.compare_pair(i, pair, 2e-2) for i, pair in enumerate(found)]
+            routing.compare = real_compare
+        outcomes = [compare.compare_pair(i, pair) for i, pair in enumerate(found)]
+        # What compare's pass over each pair's dumps hands routing: their router entries.
+        routers = [
+            (
+                compare.read_side(pair.train.dump, table, pair.train.layer_offset or 0).routers,
+                compare.read_side(pair.generate.dump, table).routers,
+            )
+            for pair in found
+        ]
 
         def judged() -> None:
-            for (result, rows), pair in zip(outcomes, found, strict=True):
-                routing.judge(result, pair, rows, table)
+            for (result, rows), pair, (train, generate) in zip(outcomes, found, routers, strict=True):
+                routing.compare(result, pair, rows, table, train, generate)
 
         alone = _median(judged)
     n = len(found)
@@ -79,7 +87,7 @@ def main() -> int:
     print(f"CLI, one process (imports, report): {cli:.2f} s, {cli / n:.3f} s per pair")
     print(f"in process, per pair: {with_routing / n * 1e3:.1f} ms with routing, {without / n * 1e3:.1f} ms without")
     print(
-        f"routing.judge alone: {alone / n * 1e3:.1f} ms per pair "
+        f"routing.compare alone: {alone / n * 1e3:.1f} ms per pair "
         f"({alone / with_routing:.0%} of compare_pair; {alone / max(layers, 1) * 1e3:.2f} ms per MoE layer)"
     )
     return 0

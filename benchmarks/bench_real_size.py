@@ -91,12 +91,13 @@ def run(work: Path, prompts: int, prompt_len: int, layers: int) -> dict:
     rss = _peak_rss_mb(
         [sys.executable, "-m", "msprobe_hooks", "compare", os.fspath(one), "-o", os.fspath(work / "r1"), "--jobs", "1"]
     )
-    from msprobe_hooks.analysis.comparing import compare
+    from msprobe_hooks.analysis.answer.verdict import rules
+    from msprobe_hooks.analysis.one_pair import judged_pair
     from msprobe_hooks.analysis.pairing import pairs
 
     per_pair = []
     for index, pair in enumerate(pairs.read(os.fspath(pairs_file))):
-        seconds, (result, _) = _timed(compare.compare_pair, index, pair, 0.02)
+        seconds, (result, _) = _timed(judged_pair, index, pair, rules(0.02))
         per_pair.append(seconds)
     return {
         "model": f"{layers} layers, hidden {shape['hidden']}, vocabulary {shape['vocab']} (bf16 on disk: "

@@ -40,7 +40,7 @@ def main(scenario_path: str, rounds: int) -> None:
 
     from msprobe_hooks.patching import argument
 
-    def timed_record_step(runner, state, args, kwargs):
+    def timed_record_step(ctx, runner, state, args, kwargs):
         began, wall = time.thread_time_ns(), time.perf_counter_ns()
         if last_call[0]:
             totals["intervals"] += 1
@@ -48,7 +48,7 @@ def main(scenario_path: str, rounds: int) -> None:
             totals["step_wall_ns"] += wall - last_call[1]
         last_call[:] = began, wall
         try:
-            return record_step(runner, state, args, kwargs)
+            return record_step(ctx, runner, state, args, kwargs)
         finally:
             totals["calls"] += 1
             totals["rows"] += len(argument(args, kwargs, "scheduler_output", 0).num_scheduled_tokens)

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from msprobe_hooks.analysis.layout import find_logs
 from msprobe_hooks.analysis.pairing import align, pairs
-from msprobe_hooks.analysis.pairing.logs import find_logs
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,9 +32,7 @@ def real_pairs(out_dir: Path) -> list[pairs.Pair]:
     train = find_logs(str(VERDICT / "actor"), TRAINING_LOG)
     per_case = []
     for case in sorted(p for p in VERDICT.iterdir() if (p / "generate").is_dir()):
-        aligner = align.Aligner(str(out_dir))
-        aligner.read(train, find_logs(str(case / "generate"), DISPATCH_LOG))
-        per_case.append(aligner.run().pairs)
+        per_case.append(align.pair_logs(train, find_logs(str(case / "generate"), DISPATCH_LOG), str(out_dir)).pairs)
     interleaved = [pair for group in zip(*per_case, strict=True) for pair in group]
     return renumbered(interleaved, len(interleaved))
 

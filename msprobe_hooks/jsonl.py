@@ -4,9 +4,18 @@ Each record is written with one ``os.write`` of a whole line to a file opened ``
 a process killed at any moment leaves complete lines, but for the record it was writing: a SIGKILL
 can cut a write that crosses a page, leaving that one record unterminated at the end of the file,
 where readers skip it (tests/faults measures it). A write that the disk cuts short is taken back;
-a file removed under the writer is made anew. Files live under ``{root}/{pid}/``: no two processes
+a file removed under the writer is made anew (by the next write, or, for the per-step dispatch log,
+the first write a second after the last look). Files live under ``{root}/{pid}/``: no two processes
 ever write the same file, and a forked child that inherits a log reopens it under its own pid on
 its first write.
+
+Reading (:func:`records`, every reader of these logs and of ``pairs.jsonl``): a line that is not a JSON
+object is skipped, the rest of the file still read, and named with its file and line number (a
+:class:`BadLine` handed to ``bad``; by default a warning on the ``msprobe_hooks`` logger). The cut last
+line a kill leaves is told from damage elsewhere by its missing newline and named "truncated?". A
+blank line holds no record and is passed over silently. A caller may do more with a named line than
+skip it: ``align`` counts it, ``pairs.read`` refuses the pairs file (written whole by ``align``, a bad
+line there is an edit gone wrong, and a pair dropped unseen would leave a report short of it).
 """
 
 from __future__ import annotations
@@ -14,7 +23,24 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
+
+_pid = os.getpid()  # this process's id: asking the kernel at every line costs a system call
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def current_pid() -> int:
+    """``os.getpid()``, without the system call (kept by a fork hook)."""
+    return _pid
 
 
 def encode(value: object) -> str:
@@ -26,20 +52,24 @@ def encode(value: object) -> str:
 class JsonlLog:
     """``{root}/{pid}/{filename}``, appended one complete line per :meth:`write`."""
 
-    def __init__(self, root: str, filename: str) -> None:
+    def __init__(self, root: str, filename: str, removal_check_s: float = 0.0) -> None:
         self.root = root
         self.filename = filename
+        # How often a write looks whether the file was removed (an fstat): 0, at every write; a log written
+        # at every model step looks once a second (lines of that second after a removal are lost with it).
+        self.removal_check_s = removal_check_s
+        self._checked = float("-inf")  # time.monotonic() of the last look
         self._lock = threading.Lock()
         self._pid = -1
         self._fd = -1
 
     @property
     def path(self) -> str:
-        return os.path.join(self.root, str(os.getpid()), self.filename)
+        return os.path.join(self.root, str(_pid), self.filename)
 
     def _open(self) -> int:
-        pid = os.getpid()
-        if self._pid == pid and os.fstat(self._fd).st_nlink == 0:
+        pid = _pid
+        if self._pid == pid and self._removal_due() and os.fstat(self._fd).st_nlink == 0:
             # Removed under us (a cleanup deleted the dump folder): later lines would go to a file no one
             # can read. Write anew where readers look; what the file held went with it.
             os.close(self._fd)
@@ -52,6 +82,15 @@ class JsonlLog:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._pid = pid
         return self._fd
+
+    def _removal_due(self) -> bool:
+        if not self.removal_check_s:
+            return True
+        now = time.monotonic()
+        if now - self._checked < self.removal_check_s:
+            return False
+        self._checked = now
+        return True
 
     def write(self, record: dict[str, Any]) -> None:
         self.write_line(encode(record))
@@ -73,3 +112,60 @@ class JsonlLog:
             except OSError:
                 os.ftruncate(fd, end - written)
                 raise
+
+
+class BadLine:
+    """A line of a JSON-lines file that holds no record: where it is, and what is wrong with it.
+
+    (A plain class: the writers import this module, and dataclasses would cost them its imports.)"""
+
+    __slots__ = ("path", "number", "problem")
+
+    def __init__(self, path: str, number: int, problem: str) -> None:
+        self.path = path
+        self.number = number
+        self.problem = problem  # "not JSON (truncated?) (Unterminated string ...)", "a list, not a JSON object"
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.number}"
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}; line skipped"
+
+
+def warn_bad(line: BadLine) -> None:
+    """The default for a bad line: one warning naming it."""
+    from msprobe_hooks.log import logger
+
+    logger().warning("%s", line)
+
+
+def records(
+    path: str,
+    bad: Callable[[BadLine], None] = warn_bad,
+    shortcut: Callable[[str], Any] | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """(line number, JSON object) for every record of ``path``; each bad line is handed to ``bad``.
+
+    ``shortcut(line)``, when given, may answer for a line without parsing it (None: parse it). An
+    ``OSError`` of opening or reading the file is the caller's.
+    """
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            quick = shortcut(line) if shortcut is not None else None
+            if quick is not None:
+                yield number, quick
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                cut = " (truncated?)" if not line.endswith("\n") else ""
+                bad(BadLine(path, number, f"not JSON{cut} ({exc.msg})"))
+                continue
+            if not isinstance(record, dict):
+                bad(BadLine(path, number, f"a {type(record).__name__}, not a JSON object"))
+                continue
+            yield number, record

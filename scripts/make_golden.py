@@ -62,8 +62,15 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
+* ``align/``: the join rules' inputs (``tests/analysis/test_align.py`` builds each case's dispatch log over
+  them): ``actor/`` the README demo as its users run it (``msprobe-hooks run`` over ``examples/cpu_demo.py``,
+  ``DUMP_ON=1 PROMPTS_ONLY=1``, msprobe's default config: four prompt-only dumps at level mix, request ids
+  ``req-uid-0`` ... ``req-uid-3``); ``embedding/tokens{T}/`` real msprobe statistics dumps at L0 of a toy
+  model whose embedding is named as vLLM's (``model.embed_tokens.VocabParallelEmbedding``, input ``[T]``),
+  one per token count of ``EMBEDDING_TOKENS``: an inference step's dump of T tokens.
+
 ``--only SET`` re-cuts one set (``namings``, ``verdict``, ``decode``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``,
-``moe``, ``shared``, ``moe_sglang``) and leaves the others.
+``moe``, ``shared``, ``moe_sglang``, ``align``) and leaves the others.
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged (but for the tensor files'
@@ -75,8 +82,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +99,7 @@ from support.compare_runs import (  # noqa: E402
     run_vllm,
     run_vllm_scenario,
 )
+from support.interpreter import clean_env  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
 
 from cpu_kit import verl_cpu  # noqa: E402
@@ -477,6 +487,67 @@ def slim_to_prefill_routing(root: Path) -> None:
     keep_tensors(root, lambda name: ".mlp.topk." in name and name.endswith(".output.topk_ids.pt"))
 
 
+EMBEDDING_TOKENS = (1, 2, 4, 5, 6, 7, 12)  # the demo's prompt lengths (4 to 7 tokens), their sums, one token
+# A toy model whose embedding is named as vLLM's, dumped by real msprobe once per token count.
+EMBEDDING_DUMPS = """
+    import sys
+    import torch
+    from msprobe.pytorch import PrecisionDebugger
+
+    class VocabParallelEmbedding(torch.nn.Embedding):
+        pass
+
+    class Body(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = VocabParallelEmbedding(128, 8)
+
+        def forward(self, ids):
+            return self.embed_tokens(ids)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Body()
+
+        def forward(self, ids):
+            return self.model(ids)
+
+    config, out, *counts = sys.argv[1:]
+    model = Model()
+    debugger = PrecisionDebugger(config_path=config, dump_path=out)
+    for count in counts:
+        debugger.start(model=model, rank_id=0)
+        model(torch.arange(int(count)))
+        debugger.stop()
+        debugger.step()
+"""
+
+
+def _align(work: Path, out: Path) -> None:
+    demo = work / "demo"
+    demo.mkdir(parents=True)
+    command = [
+        sys.executable,
+        "-m",
+        "msprobe_hooks",
+        "run",
+        "--",
+        sys.executable,
+        os.fspath(REPO / "examples/cpu_demo.py"),
+    ]
+    env = clean_env(DUMP_ON="1", PROMPTS_ONLY="1", OMP_NUM_THREADS="1")
+    subprocess.run(command, env=env, cwd=demo, check=True, timeout=600)
+    _copy_tree(demo / "msprobe_dump" / "actor", out / "align" / "actor")
+    config = work / "config.json"
+    config.write_text(json.dumps({"task": "statistics", "level": "L0", "rank": [], "step": [], "async_dump": False}))
+    arguments = [os.fspath(config), os.fspath(work / "msprobe"), *map(str, EMBEDDING_TOKENS)]
+    code = textwrap.dedent(EMBEDDING_DUMPS)
+    subprocess.run([sys.executable, "-c", code, *arguments], env=clean_env(), check=True, timeout=300)
+    for n, count in enumerate(EMBEDDING_TOKENS):
+        _copy_tree(work / "msprobe" / f"step{n}" / "rank0", out / "align" / "embedding" / f"tokens{count}")
+
+
 SETS = {
     "namings": _namings,
     "verdict": _verdict,
@@ -488,6 +559,7 @@ SETS = {
     "moe": _moe,
     "shared": _shared,
     "moe_sglang": _moe_sglang,
+    "align": _align,
 }
 
 

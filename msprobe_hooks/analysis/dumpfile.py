@@ -1,9 +1,10 @@
-"""Reading msprobe's ``dump.json``: where it is, that it opens, its entries one at a time.
+"""Reading msprobe's ``dump.json``: that it opens, its entries one at a time (where it is: ``layout.py``).
 
 A statistics dump of a large model at level mix runs to hundreds of MB; ``json.load`` would hold
 the whole tree. :func:`entries` holds one entry (and a read buffer) at a time: the top-level fields
 (``task``, ``level``, ``dump_data_dir`` …) and each member of ``data`` are decoded separately with
-the standard library's decoder. Every reader here raises :class:`DumpFileError`, naming the file.
+the standard library's decoder. Every reader here raises :class:`DumpFileError`, naming the file;
+:class:`DumpProbe` asks many dumps whether they open and what their embedding holds, each once.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-DUMP_FILE = "dump.json"
 CHUNK = 1 << 20  # characters read at a time
 EMBEDDING_CHUNK = 1 << 16  # the embedding entry is within a dump's first few KB: read only that far
 _DECODER = json.JSONDecoder()
@@ -27,12 +27,6 @@ _EMBEDDING_API = "Functional.embedding.0.forward"
 
 class DumpFileError(ValueError):
     """A ``dump.json`` that is missing, unreadable or not msprobe's JSON; the message names the file."""
-
-
-def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
-    """msprobe's ``{root}/step{N}/rank{R}/dump.json`` (``proc{pid}`` when it knew no rank)."""
-    leaf = f"rank{rank}" if rank is not None or pid is None else f"proc{pid}"
-    return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
 
 
 def _open(path: str, chunk: int | None = None) -> _Reader:
@@ -168,6 +162,50 @@ def _is_embedding_module(name: str) -> bool:
     return call == "0" and len(segments) >= 3 and segments[-2] in _EMBEDDING_MODULES
 
 
+class DumpProbe:
+    """Whether dumps open, and their embedding token counts, each file read at most once; a file that fails
+    is reported once, through ``warn`` (the message names it)."""
+
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        self._warn = warn
+        self._readable: set[str] = set()
+        self._failed: set[str] = set()
+        self._tokens: dict[str, int | None] = {}
+
+    def readable(self, path: str) -> bool:
+        """Whether ``path`` opens as a JSON object (:func:`check_readable`)."""
+        if path in self._readable:
+            return True
+        if path in self._failed:
+            return False
+        try:
+            check_readable(path)
+        except DumpFileError as exc:
+            self._fail(path, exc)
+            return False
+        self._readable.add(path)
+        return True
+
+    def tokens(self, path: str) -> int | None:
+        """The dump's :func:`embedding_tokens`; None when unknown (no embedding entry, unreadable)."""
+        if path not in self._tokens:
+            try:
+                self._tokens[path] = embedding_tokens(path)
+            except DumpFileError as exc:
+                self._tokens[path] = None
+                if path not in self._failed:
+                    self._fail(path, exc)
+        return self._tokens[path]
+
+    def failed(self, path: str) -> bool:
+        """Whether reading ``path`` has failed so far (nothing is read now)."""
+        return path in self._failed
+
+    def _fail(self, path: str, error: DumpFileError) -> None:
+        self._failed.add(path)
+        self._warn(str(error))
+
+
 def tensor_file(dump: str, data_name: str | None) -> str | None:
     """The file of a tensor-mode entry's tensor (``data_name``) beside the ``dump.json`` at ``dump``; None if absent."""
     if not data_name:
@@ -177,7 +215,8 @@ def tensor_file(dump: str, data_name: str | None) -> str | None:
 
 
 def load_tensor(path: str) -> Any:
-    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor (torch is imported only here)."""
+    """One dumped tensor (``.pt`` or ``.npy``) as a torch tensor; torch is imported here, on the call, not with the
+    module: statistics dumps never need it."""
     import torch
 
     if path.endswith(".npy"):

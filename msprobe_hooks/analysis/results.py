@@ -1,8 +1,9 @@
-"""The vocabulary of the answer: row statuses, pair verdicts, unpaired reasons, the threshold, the result types.
+"""The vocabulary of the answer: every enum of the analysis layer, the threshold, the result types.
 
 ``compare`` builds :class:`ModuleRow` and :class:`PairResult` values; the report writes them. The
 fields of :class:`ModuleRow` *are* the columns of ``modules.csv`` (in that order), those of
-:class:`PairResult` the columns of ``pairs.csv``. Nothing here imports pandas, torch or an engine.
+:class:`PairResult` the columns of ``pairs.csv``, of :class:`SampleRow` ``samples.csv``'s and of
+:class:`StepRow` ``steps.csv``'s. Nothing here imports pandas, torch or an engine.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import enum
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis.table import FLOAT, INT, OBJECT
@@ -46,11 +47,50 @@ class Verdict(_Text):
 
 
 class FirstRule(_Text):
-    """What named a pair's first divergence (``PairResult.first_rule``)."""
+    """What named a pair's first divergence (``PairResult.first_rule``): the rules of :mod:`.answer.verdict`."""
 
-    STEP = "step"  # verdict.StepRule: the error stepped up against the pair's own noise
-    THRESHOLD = "threshold"  # verdict.FixedRule: the error crossed --threshold
-    ROUTING = "routing"  # routing.py: a router sent tokens to other experts, at or before any numeric divergence
+    STEP = "step"  # StepRule: the error stepped up against the pair's own noise
+    THRESHOLD = "threshold"  # FixedRule: the error crossed --threshold
+    ROUTING = "routing"  # RoutingRule: a router sent tokens to other experts, at or before any numeric divergence
+
+
+class Mode(_Text):
+    """What a pair compared (``PairResult.mode``); the values are msprobe's ``task`` names of the dumps."""
+
+    TENSOR = "tensor"  # the tensors themselves: cosine, max abs, ||a - b|| / ||b||
+    STATISTICS = "statistics"  # their max, min, norm and mean only
+
+
+class JoinRule(_Text):
+    """What joined a training dump to an inference dump."""
+
+    REQUEST_ID = "request_id"  # the engine's suffix stripped, both sides carried it
+    PROMPT_HASH = "prompt_hash"  # the hash of the prompt token ids
+
+
+class PairKind(_Text):
+    """What a pair compares."""
+
+    PREFILL = "prefill"  # a prompt's forward against its inference prefill
+    DECODE = "decode"  # one response token's row of a training sequence against its inference decode step
+
+
+class RankRule(_Text):
+    """How the generate rank of a pair was chosen."""
+
+    SAME = "same"  # the generate rank equal to the training rank (the recipe's rule; Megatron's only one)
+    FSDP_ANY = "fsdp_any"  # FSDP ranks hold whole activations: the lowest generate rank that dumped it
+    # FSDP against a tensor-parallel engine: every rank of the engine that ran the prefill (generate.shards),
+    # split tensors made whole; generate.rank is its lowest rank
+    ALL_RANKS = "all_ranks"
+
+
+class CausePath(_Text):
+    """Where a divergence is: the words of the report's verdict."""
+
+    PREFILL = "prefill path"  # the prompt's forward already differs: every decode token inherits it
+    DECODE = "decode path"  # the prompt agrees, response tokens do not
+    NEITHER = "neither"  # nothing diverges where pairs were compared
 
 
 class Unpaired(_Text):
@@ -74,10 +114,11 @@ class Unpaired(_Text):
 
 
 # Relative error of max/min/norm (tensor mode: ||a-b||/||b||) above which a tensor diverges.
-# Measured (reference/train-vs-vllm-dumps.md): identical weights in fp32 <= 1.3e-6; vLLM in bf16
-# against fp32 training up to 1.2e-2 (max/min), 4.3e-3 (norm); one linear's weights x1.05:
-# 4.8e-2 on that linear's output. 2e-2 sits between "the same maths in another precision" and
-# "changed weights"; for fp32 on both sides, --threshold 1e-4 also catches sub-percent changes.
+# Measured on real verl FSDP2 / vLLM pairs (docs/analysis.md, "Threshold and verdict"; tests/analysis/test_compare.py
+# and test_verdict.py on such pairs): identical weights in fp32 <= 1.3e-6; vLLM in bf16 against fp32 training up to
+# 1.2e-2 (max/min), 4.3e-3 (norm); one linear's weights x1.05: 4.8e-2 on that linear's output. 2e-2 sits between
+# "the same maths in another precision" and "changed weights"; for fp32 on both sides, --threshold 1e-4 also catches
+# sub-percent changes.
 DEFAULT_THRESHOLD = 2e-2
 # The statistics a verdict is taken on. The mean is reported but not thresholded: on activations
 # whose mean is near zero its relative error is large for the same maths (1.8e-4 measured on
@@ -150,11 +191,12 @@ module_row_values: Callable[[ModuleRow], tuple[Any, ...]] = operator.attrgetter(
 class PairResult:
     """The verdict of one pair: a row of ``pairs.csv``.
 
-    ``first_*`` describe the pair's first divergence, in the training model's order: the step rule's
-    (``first_rule`` "step", ``first_before`` the largest error before it), else the fixed threshold's
-    ("threshold"); ``threshold_*`` the fixed threshold's own first row, so that both can be reported
-    when they disagree. ``max_*`` is the largest error seen. ``message`` says why a pair FAILED (the
-    column is written only when one did).
+    Comparing fills in what it measured (the counts, ``mode``, ``max_*``: the largest error seen, the routing
+    comparison); :func:`.answer.verdict.judge` the verdict by its rules. ``first_*`` describe the pair's first
+    divergence and ``first_rule`` the rule that named it: the step rule's (``first_before``: the largest error
+    before its step), else the fixed threshold's, unless routing diverges at or before it; ``threshold_*`` the
+    fixed threshold's own first row, so that both can be reported when they disagree. ``message`` says why a pair
+    FAILED (the column is written only when one did).
     """
 
     pair: int
@@ -162,7 +204,7 @@ class PairResult:
     key: str = ""
     train_dump: str = ""
     generate_dump: str = ""
-    mode: str | None = None
+    mode: Mode | None = None
     compared: int | None = None
     unmatched: int | None = None
     not_comparable: int | None = None
@@ -172,16 +214,17 @@ class PairResult:
     first_io: str = ""
     first_error: float | None = None
     first_order: int | None = None
+    first_layer: int | None = field(default=None, metadata={"column": False})  # its decoder layer; None: outside
     first_train_name: str = ""
     first_generate_name: str = ""
     max_error: float | None = None
     max_module: str = ""
-    first_rule: str = ""
+    first_rule: FirstRule | None = None
     first_before: float | None = None
     threshold_module: str = ""
     threshold_io: str = ""
     threshold_error: float | None = None
-    kind: str = "prefill"  # pairs.PairKind
+    kind: PairKind = PairKind.PREFILL
     position: int | None = None
     token_index: int | None = None
     global_step: object = None
@@ -191,9 +234,9 @@ class PairResult:
     routing_flipped: int | None = None  # (token, layer) pairs whose expert set differs, noise included
     routing_layer: int | None = None  # the first layer where tokens went to other experts beyond the noise
     routing_share: float | None = None  # the share of that layer's tokens whose expert set differs
-    numeric_first: str = ""  # with first_rule "routing": the first numeric divergence (module io), if any
+    numeric_first: str = ""  # with first_rule routing: the first numeric divergence (module io), if any
     routing_noise_layer: int | None = None  # the numeric first divergence's layer, whose router flipped within noise
-    routing: list[RoutingLayer] = dataclasses.field(default_factory=list, repr=False, metadata={"column": False})
+    routing: list[RoutingLayer] = field(default_factory=list, repr=False, metadata={"column": False})
 
     def record(self) -> dict[str, Any]:
         return {name: _cell(getattr(self, name)) for name in PAIR_RESULT_COLUMNS}
@@ -222,7 +265,8 @@ class RoutingLayer:
     A token *flips* when its set of top-k experts differs between the sides. A flip is *within noise* when the
     training router's top-k margin at that token (its k-th largest logit minus the next) is no larger than the
     logits' noise (``noise``, relative to the token's largest logit: routing.py says how it is taken): rounding
-    alone can reorder such experts, so the flip is reported, never blamed.
+    alone can reorder such experts, so the flip is reported, never blamed. Comparing fills in the flips and their
+    margins; the routing rule (:class:`.answer.verdict.RoutingRule`) the noise and which flips are within it.
     """
 
     pair: int | None = None
@@ -239,9 +283,62 @@ class RoutingLayer:
     train_source: str | None = None
     generate_source: str | None = None
     reason: str | None = None
+    router: str = field(default="", metadata={"column": False})  # the router's canonical module
+    # Per flipped token: the training router's top-k margin and the token's largest |logit|; None without logits.
+    margins: list[tuple[float, float]] | None = field(default=None, repr=False, metadata={"column": False})
 
     def record(self) -> dict[str, Any]:
         return {name: _cell(getattr(self, name)) for name in ROUTING_COLUMNS}
 
 
-ROUTING_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RoutingLayer))
+ROUTING_COLUMNS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(RoutingLayer) if f.metadata.get("column", True)
+)
+
+
+@dataclass
+class SampleRow:
+    """One sample of the symptom -> cause section: a row of ``samples.csv`` (its fields are the columns, in order).
+
+    ``gap_*`` are the fields of its ``logprob_gap.jsonl`` line; ``prefill`` and ``first_decode_divergence`` its
+    first divergence in words (module io, "no divergence", "not compared")."""
+
+    request_id: str
+    global_step: object = None
+    gap_max: object = None
+    gap_mean: object = None
+    gap_argmax: object = None
+    gap_tokens: object = None
+    gap_over: object = None
+    gap_probs_diff_max: object = None
+    gap_probs_diff_mean: object = None
+    prefill: str = ""
+    decode_compared: int = 0
+    decode_diverging: int = 0
+    first_decode_token: int | None = None
+    first_decode_divergence: str = ""
+    path: str = ""  # CausePath's words; empty where nothing of the sample was compared
+
+    def record(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in SAMPLE_COLUMNS}
+
+
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SampleRow))
+# The fields of a logprob_gap.jsonl line the samples' rows hold (as gap_<field>).
+GAP_FIELDS: tuple[str, ...] = tuple(name.removeprefix("gap_") for name in SAMPLE_COLUMNS if name.startswith("gap_"))
+
+
+@dataclass
+class StepRow:
+    """One scalar of one global step (per layer, for the per-layer ones): a row of ``steps.csv``, a long table."""
+
+    global_step: object
+    scalar: str
+    layer: int | None
+    value: float
+
+    def record(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in STEP_COLUMNS}
+
+
+STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(StepRow))

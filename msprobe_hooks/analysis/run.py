@@ -9,20 +9,24 @@ gate calls it the same way::
     compared.answer.results  # one PairResult per pair
 
 The stages it runs, each importing only those before it: ``pairing`` (the pairs file), ``comparing`` (the rows of
-each pair, in a pool or on Ray), ``answer`` (verdicts, causes, the run), ``report`` (the files).
+each pair, in a pool or on Ray), ``answer`` (verdicts, causes, the run), ``report`` (the files). The verdict's rules
+are built here, once, and handed to each pair's worker (:mod:`.one_pair`: compare, judge, pack).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from msprobe_hooks.analysis import one_pair
+from msprobe_hooks.analysis.answer import verdict
 from msprobe_hooks.analysis.answer.assemble import Answer, assemble
-from msprobe_hooks.analysis.answer.symptom import gap_logs, read_gaps
+from msprobe_hooks.analysis.answer.symptom import read_gaps
 from msprobe_hooks.analysis.comparing import names, pool
 from msprobe_hooks.analysis.comparing.row_store import RowStore
 from msprobe_hooks.analysis.pairing import pairs
@@ -95,23 +99,23 @@ def compare_file(pairs_file: str, output: str, options: CompareOptions | None = 
     painter = Painter(separate_process=options.jobs > 1)
     try:
         with _no_collector():
-            return _compare(pairs_file, pair_list, output, options, mapping, painter)
+            return _compare(pair_list, output, options, mapping, painter)
     finally:
         painter.finish()
 
 
 def _compare(
-    pairs_file: str,
     pair_list: list[pairs.Pair],
     output: str,
     options: CompareOptions,
     mapping: str | None,
     painter: Painter,
 ) -> Compared:
+    work = functools.partial(one_pair.compare_packed, rules=verdict.rules(options.threshold), mapping=mapping)
     if options.ray:
-        outcomes = pool.compare_on_ray(pair_list, options.threshold, options.ray, mapping)
+        outcomes = pool.compare_on_ray(pair_list, work, options.ray)
     else:
-        outcomes = pool.compare_all(pair_list, options.threshold, options.jobs, mapping)
+        outcomes = pool.compare_all(pair_list, work, options.jobs)
     results = []
     with RowStore(output) as store:  # each pair's rows on disk as it comes: memory stays flat in them
         try:
@@ -124,9 +128,7 @@ def _compare(
             if not options.ray:
                 raise
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
-        # The logs' paths, like the dumps', may be relative to the pairs file's folder (it moves with the trees).
-        logs = gap_logs(pairs.resolve(p.train.log, pairs_file) for p in pair_list if p.train.log)
-        gaps = read_gaps(logs)
+        gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
         answer = assemble(results, store, gaps)
         index = writer.write(output, answer, options.threshold, painter)
     compared = Compared(answer, index)

@@ -1,4 +1,4 @@
-"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl``: the command around :mod:`.analysis.align`."""
+"""``msprobe-hooks align TRAIN_DIR GENERATE_DIR -o pairs.jsonl``: the command around :mod:`.analysis.pairing.align`."""
 
 from __future__ import annotations
 
@@ -38,23 +38,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def unpaired_table(train: Counter, generate: Counter) -> str:
-    """The unpaired dumps of both sides, by reason, as text."""
-    import pandas
-
+    """The unpaired dumps of both sides, by reason, as text: laid out as pandas' ``DataFrame.to_string`` laid it
+    out (the reasons left-aligned, each count right-aligned under its column's name, two spaces apart)."""
     from msprobe_hooks.analysis.results import Unpaired
 
     reasons = [r for r in Unpaired if train[r] or generate[r]]
-    frame = pandas.DataFrame(
-        {"training dumps": [train[r] for r in reasons], "generate dumps": [generate[r] for r in reasons]},
-        index=[r.value for r in reasons],
-    )
-    return frame.to_string()
+    columns = {
+        "training dumps": [str(train[r]) for r in reasons],
+        "generate dumps": [str(generate[r]) for r in reasons],
+    }
+    left = max(len(r.value) for r in reasons)
+    widths = {name: max(len(name), *map(len, cells)) for name, cells in columns.items()}
+    lines = [" " * left + "".join(f"  {name:>{widths[name]}}" for name in columns)]
+    for i, reason in enumerate(reasons):
+        lines.append(
+            reason.value.ljust(left) + "".join(f"  {cells[i]:>{widths[name]}}" for name, cells in columns.items())
+        )
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    from msprobe_hooks.analysis.layout import find_logs
     from msprobe_hooks.analysis.pairing import pairs
-    from msprobe_hooks.analysis.pairing.align import Aligner, config_request_ids
-    from msprobe_hooks.analysis.pairing.logs import find_logs
+    from msprobe_hooks.analysis.pairing.align import config_request_ids, pair_logs
     from msprobe_hooks.analysis.pairing.ranks import replica_lines
     from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
@@ -77,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     out_dir = os.path.dirname(os.path.abspath(args.output))
-    aligner = Aligner(out_dir, args.backend, ids)
-    aligner.read(found["TRAIN_DIR"], found["GENERATE_DIR"])
-    result = aligner.run()
+    result = pair_logs(found["TRAIN_DIR"], found["GENERATE_DIR"], out_dir, args.backend, ids)
     os.makedirs(out_dir, exist_ok=True)
     pairs.write(result.pairs, args.output)
     rules = Counter(pair.rule for pair in result.pairs)

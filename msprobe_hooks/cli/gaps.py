@@ -34,8 +34,8 @@ def _largest_gap_first(line: dict[str, object]) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from msprobe_hooks.analysis import layout
     from msprobe_hooks.analysis.answer.symptom import gap_lines
-    from msprobe_hooks.analysis.pairing.logs import find_logs
     from msprobe_hooks.join_keys import GAP_LOG
 
     def fail(message: str) -> int:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--top {args.top}: expected 1 or more")
     if not os.path.isdir(args.train_dir):
         return fail(f"TRAIN_DIR {args.train_dir!r} is not a directory; expected the actor config's dump_path")
-    logs = find_logs(args.train_dir, GAP_LOG)
+    logs = layout.gap_logs(args.train_dir)
     if not logs:
         return fail(
             f"no {GAP_LOG} under {args.train_dir} (it is written when the log-prob pass gets the rollout's "

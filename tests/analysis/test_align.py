@@ -1,36 +1,37 @@
-"""``msprobe-hooks align``: real training dumps against dispatch logs and real msprobe dumps.
+"""``msprobe-hooks align``: real training dumps against dispatch logs and real msprobe dumps, in-process.
 
 The training side is one run of verl's real FSDP2 engine on CPU with ``DUMP_ON=1 PROMPTS_ONLY=1``
-(the README demo: four prompt-only dumps, request ids ``req-uid-0`` … ``req-uid-3``). The inference
-side is built per test: dispatch-log lines from the real ``dispatch_log.step_line``, and
-``dump.json`` files written by real msprobe on a toy model whose embedding is named as vLLM's
-(``model.embed_tokens.VocabParallelEmbedding``, input ``[T]``), one per token count. The real vLLM
-engine's end-to-end pair is a separate test.
+(the README demo: four prompt-only dumps, request ids ``req-uid-0`` … ``req-uid-3``), cut once into
+``tests/golden/align/actor`` (``scripts/make_golden.py``). The inference side is built per test:
+dispatch-log lines from the real ``dispatch_log.step_line``, and ``dump.json`` files written by real
+msprobe on a toy model whose embedding is named as vLLM's (``model.embed_tokens.VocabParallelEmbedding``,
+input ``[T]``), one per token count (``tests/golden/align/embedding``). The command runs as ``cli.main``
+(its stdout and the hooks' logger's lines captured); what it loads is tested in a fresh interpreter
+(test_align_interpreter.py), the real vLLM engine's end-to-end pair separately.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
-import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import REPO
 from support.compare_runs import raw_pairs
 from support.compare_runs import unpaired_table as table
 from support.dispatch_lines import step_record
-from support.interpreter import clean_env
+from support.golden import GOLDEN
 
 from cpu_kit import verl_cpu  # the demo's samples: the prompts the training side dumped
+from msprobe_hooks import cli
 from msprobe_hooks.analysis.pairing import logs
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import PROMPT_HASH_VERSION, prompt_hash, versioned_hash
-
-pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
+from msprobe_hooks.log import NAME as LOGGER
 
 SAMPLES = verl_cpu.random_samples(4, seed=0)
 SUFFIX = "-1a2b3c4d"  # vLLM >= 0.14 appends one to every client id
@@ -40,20 +41,17 @@ GEN_PID = 4242
 # --- the two sides ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def training(tmp_path_factory) -> Path:
+@pytest.fixture
+def training() -> Path:
     """The actor dump root of one real run: step0..3/rank0/dump.json and {pid}/update_actor_log.jsonl."""
-    folder = tmp_path_factory.mktemp("train")
-    command = [sys.executable, "-m", "msprobe_hooks", "run", "--", sys.executable, str(REPO / "examples/cpu_demo.py")]
-    env = clean_env(DUMP_ON="1", PROMPTS_ONLY="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    root = folder / "msprobe_dump" / "actor"
-    lines = train_lines(root)
+    return GOLDEN / "align" / "actor"
+
+
+def test_the_run_dumped_the_demos_samples(training):
+    lines = train_lines(training)
     assert [line["samples"][0]["request_id"] for line in lines] == [s.request_id for s in SAMPLES]
     # Both sides hash the prompt the same way, or the hash rule could never pair anything.
     assert [line["samples"][0]["prompt_hash"] for line in lines] == [prompt_hash(s.prompt) for s in SAMPLES]
-    return root
 
 
 def train_lines(root: Path) -> list[dict]:
@@ -61,53 +59,10 @@ def train_lines(root: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-TOKEN_COUNTS = (1, 2, 4, 5, 6, 7, 12)
-
-
-@pytest.fixture(scope="module")
-def embedding_dumps(tmp_path_factory) -> dict[int, Path]:
-    """Real msprobe step folders (dump.json, stack.json, construct.json), one per embedding token count."""
-    root = tmp_path_factory.mktemp("msprobe")
-    config = root / "config.json"
-    config.write_text(json.dumps({"task": "statistics", "level": "L0", "rank": [], "step": [], "async_dump": False}))
-    code = f"""
-        import torch
-        from msprobe.pytorch import PrecisionDebugger
-
-        class VocabParallelEmbedding(torch.nn.Embedding):
-            pass
-
-        class Body(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed_tokens = VocabParallelEmbedding(128, 8)
-
-            def forward(self, ids):
-                return self.embed_tokens(ids)
-
-        class Model(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = Body()
-
-            def forward(self, ids):
-                return self.model(ids)
-
-        model = Model()
-        debugger = PrecisionDebugger(config_path={str(config)!r}, dump_path={str(root / "out")!r})
-        for count in {TOKEN_COUNTS!r}:
-            debugger.start(model=model, rank_id=0)
-            model(torch.arange(count))
-            debugger.stop()
-            debugger.step()
-    """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=clean_env(), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    folders = {count: root / "out" / f"step{n}" / "rank0" for n, count in enumerate(TOKEN_COUNTS)}
-    assert all((folder / "dump.json").is_file() for folder in folders.values())
-    return folders
+@pytest.fixture
+def embedding_dumps() -> dict[int, Path]:
+    """Real msprobe step folders (their dump.json), one per embedding token count."""
+    return {int(p.name.removeprefix("tokens")): p for p in (GOLDEN / "align" / "embedding").iterdir()}
 
 
 def full_prefill(sample: verl_cpu.Sample, request_id: str | None = "", hashed: bool = True) -> ScheduledRequest:
@@ -173,12 +128,22 @@ def gen(tmp_path, embedding_dumps) -> GenTree:
     return GenTree(tmp_path / "generate", embedding_dumps)
 
 
-def align(train: Path, generate: Path, out: Path, *options: str) -> tuple[int, str, str, list[dict]]:
-    """Run the command as a user does; returns (status, stdout, stderr, pairs read back)."""
-    command = [sys.executable, "-m", "msprobe_hooks", "align", str(train), str(generate), "-o", str(out), *options]
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=120)
-    found = raw_pairs(out) if out.is_file() else []
-    return done.returncode, done.stdout, done.stderr, found
+@pytest.fixture
+def align(capsys, monkeypatch) -> Callable[..., tuple[int, str, str, list[dict]]]:
+    """Runs the command (``cli.main``); returns (status, stdout, stderr, pairs read back). The hooks' logger
+    writes to this test's captured stderr: a handler of its own for the test (the logger's holds the stream
+    it was built with)."""
+    log = logging.getLogger(LOGGER)
+    monkeypatch.setattr(log, "handlers", [logging.StreamHandler(sys.stderr)])
+    monkeypatch.setattr(log, "propagate", False)
+
+    def run(train: Path, generate: Path, out: Path, *options: str) -> tuple[int, str, str, list[dict]]:
+        capsys.readouterr()
+        status = cli.main(["align", str(train), str(generate), "-o", str(out), *options])
+        done = capsys.readouterr()
+        return status, done.out, done.err, raw_pairs(out) if out.is_file() else []
+
+    return run
 
 
 def keys(found: list[dict]) -> list[tuple]:
@@ -188,7 +153,7 @@ def keys(found: list[dict]) -> list[tuple]:
 # --- the join rules --------------------------------------------------------------------------
 
 
-def test_request_id_rule_pairs_every_prompt(training, gen, tmp_path):
+def test_request_id_rule_pairs_every_prompt(training, gen, tmp_path, align):
     for n, sample in enumerate(SAMPLES):
         gen.step(n, [full_prefill(sample)])
     gen.step(4, [decode(s) for s in SAMPLES])
@@ -207,7 +172,7 @@ def test_request_id_rule_pairs_every_prompt(training, gen, tmp_path):
         assert Path(pair["train"]["dump"]).parent.parent.name == f"step{pair['train']['step']}"
 
 
-def test_prompt_hash_rule_when_the_engine_gives_no_id(training, gen, tmp_path):
+def test_prompt_hash_rule_when_the_engine_gives_no_id(training, gen, tmp_path, align):
     for n, sample in enumerate(SAMPLES):
         gen.step(n, [full_prefill(sample, request_id=None)])
     status, out, err, found = align(training, gen.root, tmp_path / "pairs.jsonl")
@@ -232,7 +197,7 @@ def _as_version_1(root: Path) -> None:
     log.write_text("".join(compact(line) + "\n" for line in lines))
 
 
-def test_prompt_hashes_join_only_within_one_definition(training, gen, tmp_path):
+def test_prompt_hashes_join_only_within_one_definition(training, gen, tmp_path, align):
     old = tmp_path / "train"
     shutil.copytree(training, old)
     _as_version_1(old)
@@ -260,7 +225,7 @@ def test_prompt_hashes_join_only_within_one_definition(training, gen, tmp_path):
     assert [(p["rule"], p["key"]) for p in found] == [("prompt_hash", _v1_hash(s.prompt)) for s in SAMPLES]
 
 
-def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path):
+def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path, align):
     # Sample 0's prompt twice without ids (two requests on one rank); sample 1's under another id.
     gen.step(0, [full_prefill(SAMPLES[0], request_id=None)])
     gen.step(1, [full_prefill(SAMPLES[0], request_id=None)])
@@ -275,7 +240,7 @@ def test_equal_prompts_are_ambiguous_never_paired(training, gen, tmp_path):
 # --- which inference steps pair ----------------------------------------------------------------
 
 
-def test_packed_prefill_pairs_only_when_msprobe_cut_it_to_one_request(training, gen, tmp_path):
+def test_packed_prefill_pairs_only_when_msprobe_cut_it_to_one_request(training, gen, tmp_path, align):
     gen.step(0, [full_prefill(SAMPLES[0]), full_prefill(SAMPLES[1])])  # 12 tokens dumped: both prompts
     gen.step(1, [decode(SAMPLES[0]), full_prefill(SAMPLES[2])], dump_tokens=4)  # cut to sample 2's 4 tokens
     # Sample 3 prefilled twice (preempted, recomputed): cut from a packed step, then alone; alone wins.
@@ -290,7 +255,7 @@ def test_packed_prefill_pairs_only_when_msprobe_cut_it_to_one_request(training, 
     assert table(out) == {"multi-request step": (2, 1), "replica": (0, 1)}
 
 
-def test_generate_config_request_id_marks_the_cut_step(training, gen, tmp_path):
+def test_generate_config_request_id_marks_the_cut_step(training, gen, tmp_path, align):
     # Sample 3's prompt (6 tokens) packed with another 6-token prompt: the dump's count cannot tell them apart.
     other = ScheduledRequest("other" + SUFFIX, "other", True, 6, 0, 6, prompt_hash([9] * 6))
     gen.step(0, [other, full_prefill(SAMPLES[3])], dump_tokens=6)
@@ -305,7 +270,7 @@ def test_generate_config_request_id_marks_the_cut_step(training, gen, tmp_path):
     assert keys(found) == [("request_id", "req-uid-3", 3, 0, 0)] and found[0]["generate"]["filtered"] is True
 
 
-def test_unpaired_reasons_decode_only_not_dumped_partial_no_counterpart(training, gen, tmp_path):
+def test_unpaired_reasons_decode_only_not_dumped_partial_no_counterpart(training, gen, tmp_path, align):
     s0, s1, s2, _ = SAMPLES
     gen.step(0, [decode(s0)])  # sample 0: its prefill is not in the log
     gen.step(1, [full_prefill(s1)], dumped=False)  # sample 1: msprobe's step filter skipped its prefill
@@ -348,7 +313,7 @@ def two_rank_training(training: Path, folder: Path) -> Path:
     return root
 
 
-def test_ranks_fsdp_and_megatron(training, gen, tmp_path):
+def test_ranks_fsdp_and_megatron(training, gen, tmp_path, align):
     train = two_rank_training(training, tmp_path)
     # Generate TP = 2 cards: both TP workers log (and dump) every prefill.
     for pid, rank in ((500, 0), (501, 1)):
@@ -387,7 +352,7 @@ def test_ranks_fsdp_and_megatron(training, gen, tmp_path):
 # --- the published recipe's logs --------------------------------------------------------------
 
 
-def test_recipe_logs_collected_by_hand(training, gen, tmp_path):
+def test_recipe_logs_collected_by_hand(training, gen, tmp_path, align):
     """Lines as the recipe's engine patch and DispatchLogger write them (fields of recipe.md §4.9, §6)."""
     train = tmp_path / "actor"
     recipe_lines = []
@@ -432,7 +397,7 @@ def test_recipe_logs_collected_by_hand(training, gen, tmp_path):
 # --- damage ----------------------------------------------------------------------------------
 
 
-def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen, tmp_path):
+def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen, tmp_path, align):
     train = tmp_path / "actor"
     shutil.copytree(training, train)
     (log,) = train.glob("*/update_actor_log.jsonl")
@@ -458,7 +423,7 @@ def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen
     assert "5 bad log lines or dump files" in out
 
 
-def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_path):
+def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_path, align):
     train = tmp_path / "actor"
     shutil.copytree(training, train)
     (train / "step1" / "rank0" / "dump.json").unlink()
@@ -471,7 +436,7 @@ def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_
     assert table(out) == {"dump unreadable": (1, 1)}
 
 
-def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, gen, tmp_path):
+def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, gen, tmp_path, align):
     job = tmp_path / "job"
     shutil.copytree(training, job / "actor")
     gen.root = job / "generate"
@@ -492,7 +457,7 @@ def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, g
     assert json.loads((tmp_path / "elsewhere" / "pairs.jsonl").read_text())["train"]["dump"].startswith("/")
 
 
-def test_bad_input_exits_2_and_names_it(training, tmp_path):
+def test_bad_input_exits_2_and_names_it(training, tmp_path, align):
     status, _, err, _ = align(training, tmp_path / "nowhere", tmp_path / "pairs.jsonl")
     assert status == 2 and f"GENERATE_DIR {str(tmp_path / 'nowhere')!r} is not a directory" in err
     (tmp_path / "empty").mkdir()
@@ -507,21 +472,6 @@ def test_bad_input_exits_2_and_names_it(training, tmp_path):
     options = ("--generate-config", str(tmp_path / "config.json"))
     status, _, err, _ = align(training, tmp_path / "generate", tmp_path / "pairs.jsonl", *options)
     assert status == 2 and f"--generate-config {tmp_path / 'config.json'}: not JSON" in err
-
-
-def test_align_imports_no_torch(training, gen, tmp_path):
-    gen.step(0, [full_prefill(SAMPLES[0])])
-    code = f"""
-        import sys
-        from msprobe_hooks import cli
-        status = cli.main(["align", {str(training)!r}, {str(gen.root)!r}, "-o", {str(tmp_path / "p.jsonl")!r}])
-        assert status == 0, status
-        assert "torch" not in sys.modules, "align imported torch"
-    """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=clean_env(), capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def test_decode_lines_read_without_json_agree_with_json(tmp_path):
@@ -588,3 +538,19 @@ def test_embedding_token_count_streams_any_dump(training, embedding_dumps, tmp_p
     real["data"] = filler
     big.write_text(json.dumps(real, indent=1))
     assert dumpfile.embedding_tokens(str(big)) is None
+
+
+def test_the_dump_probe_reads_a_dump_once_and_names_a_bad_one_once(embedding_dumps, tmp_path, monkeypatch):
+    from msprobe_hooks.analysis import dumpfile
+
+    reads = []
+    read = dumpfile.embedding_tokens
+    monkeypatch.setattr(dumpfile, "embedding_tokens", lambda path: reads.append(path) or read(path))
+    warned = []
+    probe = dumpfile.DumpProbe(warned.append)
+    good, bad = str(embedding_dumps[5] / "dump.json"), tmp_path / "dump.json"
+    bad.write_text("<html>proxy error</html>")
+    assert probe.readable(good) and probe.tokens(good) == 5 and probe.tokens(good) == 5 and reads == [good]
+    assert not probe.readable(str(bad)) and not probe.readable(str(bad)) and probe.tokens(str(bad)) is None
+    assert probe.failed(str(bad)) and not probe.failed(good)
+    assert warned == [f"{bad}: not an msprobe dump.json (expected a JSON object)"]

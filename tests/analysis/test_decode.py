@@ -23,15 +23,16 @@ import pandas
 import pytest
 from support import golden
 from support.compare_runs import unpaired_table
+from support.pages import assert_answer_first
 
-from msprobe_hooks.analysis.answer.symptom import CausePath
-from msprobe_hooks.analysis.comparing.compare import compare_pair
+from msprobe_hooks.analysis.answer.verdict import rules
+from msprobe_hooks.analysis.layout import find_logs
+from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs
-from msprobe_hooks.analysis.pairing.align import Aligner, Result
-from msprobe_hooks.analysis.pairing.logs import find_logs
-from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, PairResult, Unpaired, Verdict
+from msprobe_hooks.analysis.pairing.align import Result, pair_logs
+from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, CausePath, PairResult, Unpaired, Verdict
 from msprobe_hooks.cli import main
-from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
+from msprobe_hooks.join_keys import DISPATCH_LOG, GAP_LOG, TRAINING_LOG
 from msprobe_hooks.log import NAME as LOGGER
 
 DECODE = golden.DECODE
@@ -91,9 +92,7 @@ def warnings(caplog) -> Iterator[Callable[[], list[str]]]:
 
 def aligned(train: Path, generate: Path, out: Path) -> tuple[Result, list[pairs.Pair]]:
     """``align``'s result on two trees, and its pairs as ``compare`` reads them (dump paths resolved)."""
-    aligner = Aligner(str(out))
-    aligner.read(find_logs(str(train), TRAINING_LOG), find_logs(str(generate), DISPATCH_LOG))
-    result = aligner.run()
+    result = pair_logs(find_logs(str(train), TRAINING_LOG), find_logs(str(generate), DISPATCH_LOG), str(out))
     out.mkdir(parents=True, exist_ok=True)
     pairs.write(result.pairs, str(out / "pairs.jsonl"))
     return result, list(pairs.read(str(out / "pairs.jsonl")))
@@ -121,7 +120,7 @@ def verdicts(found: list[pairs.Pair]) -> dict[tuple[str, int | None], PairResult
     """(request, position) -> compare's result for that pair (prefill pairs: position None)."""
     results = {}
     for index, pair in enumerate(found):
-        result, _ = compare_pair(index, pair, DEFAULT_THRESHOLD)
+        result, _ = judged_pair(index, pair, rules(DEFAULT_THRESHOLD))
         results[(pair.key, pair.position)] = result
     return results
 
@@ -303,8 +302,34 @@ def test_the_report_puts_a_decode_rows_fault_on_the_decode_path_of_its_sample_on
         "pre-b": "",
     }
     assert "cause: decode path: layers.1.mlp.down_proj output diverges at decode tokens only" in printed
+    assert_answer_first(report, printed)  # the path's verdict under the overall one, before the notes
     # The symptom beside it: the gap the training side logged (the rollout's own log-probs, fp32: ~1e-7).
     assert (samples["gap_max"] < FP32).all()
+
+
+def test_the_symptom_is_read_from_the_gap_logs_the_pairs_name_or_by_the_layout_in_an_older_pairs_file(tmp_path):
+    copy = golden.copy("decode", tmp_path)
+    found, report = tmp_path / "pairs.jsonl", tmp_path / "report"
+    assert main(["align", str(copy / "actor"), str(copy / "vllm"), "-o", str(found)]) == 0
+    lines = [json.loads(line) for line in found.read_text().splitlines()]
+    (gap_log,) = (copy / "actor").glob(f"*/{GAP_LOG}")
+    assert {tuple(line["train"]["gap_logs"]) for line in lines} == {(str(gap_log.relative_to(tmp_path)),)}
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    expected = (report / "samples.csv").read_bytes()
+    assert b"pre-a" in expected  # a sample of the gap log alone
+    moved = tmp_path / "gaps.jsonl"  # not where the layout puts it: compare must take the pairs' word for it
+    gap_log.rename(moved)
+    for line in lines:
+        line["train"]["gap_logs"] = [str(moved)]
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert (report / "samples.csv").read_bytes() == expected
+    moved.rename(gap_log)  # an older align's pairs file names no gap logs: the layout finds them
+    for line in lines:
+        del line["train"]["gap_logs"]
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert (report / "samples.csv").read_bytes() == expected
 
 
 # --- bad input ----------------------------------------------------------------------------------------

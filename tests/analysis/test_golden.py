@@ -16,7 +16,7 @@ import pandas
 import pytest
 from support import golden
 from support.compare_runs import raw_pairs, write_raw
-from support.pages import offline
+from support.pages import assert_answer_first, offline, plotted, printed_verdicts
 
 from msprobe_hooks.analysis.comparing import names
 from msprobe_hooks.analysis.pairing import pairs
@@ -193,6 +193,68 @@ def test_report_columns_are_the_row_types_fields(tmp_path):
     assert set(rows["status"]) <= {s.value for s in Status}
     page = (tmp_path / "report" / "index.html").read_text()
     assert offline(page)
+
+
+def test_the_report_opens_with_the_verdict(tmp_path, capsys):
+    compare(pairs_file(tmp_path, "fsdp2/actor", "vllm_perturbed/generate"), tmp_path / "report")
+    printed = capsys.readouterr().out
+    assert printed_verdicts(printed) == [
+        "first divergence: layers.1.mlp.down_proj output (error 0.0476, a step up from 2.26e-07 before it; first in 2 "
+        "of 2 pairs)"
+    ]
+    assert_answer_first(tmp_path / "report", printed)
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert summary.index("## Pairs") > summary.index("- Threshold: ")  # the evidence after the answer
+
+
+def test_the_depth_figure_names_its_modules_in_the_png_and_on_the_page(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    savefig = Figure.savefig
+
+    def keep(figure, path, *args, **kwargs):
+        drawn[Path(path).name] = figure
+        savefig(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)  # --jobs 1: the PNGs are drawn in this process
+    compare(pairs_file(tmp_path, "fsdp2/actor", "vllm_perturbed/generate"), tmp_path / "report")
+    expected = ["embed_tokens", *(f"layers.{layer}" for layer in range(golden.LAYERS)), "norm"]
+    (axes,) = drawn["error_by_depth.png"].axes
+    assert [label.get_text() for label in axes.get_xticklabels()] == expected
+    page = (tmp_path / "report" / "index.html").read_text()
+    _, layout = plotted(page, "plot")
+    assert layout["xaxis"]["ticktext"] == expected
+    assert layout["title"]["text"] == axes.get_title()  # one title: the page's figure and the PNG draw one data
+    assert layout["xaxis"]["title"]["text"] == axes.get_xlabel()
+
+
+def test_a_section_is_one_record(tmp_path, monkeypatch):
+    """What docs/development.md's "How to add a report section" shows: a builder added to SECTIONS puts its verdict
+    under the title, its Markdown and HTML before the pairs, its figure as a PNG and on the page, its files in the
+    page's list."""
+    from msprobe_hooks.analysis.report import figures, interactive, plots, writer
+    from msprobe_hooks.analysis.report.sections import Figure, Section
+
+    def tokens(folder, found):
+        Path(folder, "tokens.csv").write_text("pair,tokens\n")
+        data = figures.depth([], found.results, 0.02)
+        return Section(
+            "tokens", "tokens: every pair has its tokens", ("tokens.csv",), "## Tokens\n\nPer pair.", "<h2>Tokens</h2>",
+            Figure("tokens.png", "tokens by pair", data, plots.depth, interactive.depth),
+        )  # fmt: skip
+
+    monkeypatch.setattr(writer, "SECTIONS", (*writer.SECTIONS, tokens))
+    compare(pairs_file(tmp_path, "fsdp2/actor", "vllm/generate"), tmp_path / "report")
+    report = tmp_path / "report"
+    summary = (report / "summary.md").read_text().split("\n\n")
+    assert summary[2] == "**tokens: every pair has its tokens**"
+    assert summary.index("## Tokens") + 2 == summary.index("![tokens by pair](tokens.png)") < summary.index("## Pairs")
+    assert (report / "tokens.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (report / "index.html").read_text()
+    assert '<h2>Tokens</h2><div style="height:420px; width:100%;">' in page and 'id="tokens"' in page
+    assert page.index('id="tokens"') < page.index("<h2>Pairs</h2>") and offline(page)
+    assert '<a href="tokens.csv">tokens.csv</a>, <a href="tokens.png">tokens.png</a>.</p>' in page
 
 
 def test_a_long_run_page_lists_the_diverging_pairs_first_and_says_how_many_it_left_out(tmp_path, monkeypatch):

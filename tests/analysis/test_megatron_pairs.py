@@ -116,6 +116,9 @@ def test_a_pipeline_stage_is_compared_as_the_models_layers(tmp_path):
     assert set(earlier["status"]) == {Status.NOT_COMPARABLE.value}
     assert {m.split(".")[0] for m in earlier["module"]} == {"embed_tokens", "layers"}
     assert {int(m.split(".")[1]) for m in earlier["module"] if m.startswith("layers.")} == {0, 1}
+    # The stage's own tensors that compare with nothing (its weights, ...) are filed under the model's layers too.
+    stage_rows = rows[rows["train_name"].fillna("").str.contains("decoder.layers.")]
+    assert {int(float(layer)) for layer in stage_rows["layer"] if layer != ""} == {2, 3}
 
 
 def test_without_its_offset_a_stage_would_be_compared_against_the_wrong_layers(tmp_path):

@@ -8,6 +8,7 @@ No engine starts here; ``tests/analysis/test_compare_moe.py`` runs the engines.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -15,11 +16,13 @@ from pathlib import Path
 import pandas
 import pytest
 from support import golden
-from support.pages import offline
+from support.pages import assert_answer_first, offline
 
 from msprobe_hooks.analysis.comparing import names, routing
+from msprobe_hooks.analysis.report import routing as report_routing
 from msprobe_hooks.analysis.report.routing import ROUTING_CSV
-from msprobe_hooks.analysis.results import FirstRule, Status, Verdict
+from msprobe_hooks.analysis.results import ROUTING_COLUMNS, FirstRule, Status, Verdict
+from msprobe_hooks.analysis.run import CompareOptions, compare_file
 from msprobe_hooks.cli import main
 
 QWEN3, MOE = golden.GOLDEN / "qwen3", golden.GOLDEN / "moe"
@@ -91,7 +94,7 @@ def test_moe_clean_fp32_names_nothing_and_every_token_keeps_its_experts(tmp_path
     assert "## Routing" in summary and "routing agrees" in summary
 
 
-def test_a_planted_router_fault_is_named_routing_at_its_layer_with_its_share(tmp_path):
+def test_a_planted_router_fault_is_named_routing_at_its_layer_with_its_share(tmp_path, capsys):
     results, rows = compare(tmp_path, MOE / "actor", MOE / "router" / "generate")
     fault = planted()
     table = routed(tmp_path)
@@ -113,6 +116,24 @@ def test_a_planted_router_fault_is_named_routing_at_its_layer_with_its_share(tmp
     assert f"routing diverges at layer {fault['layer']}" in summary.split("\n\n")[1]  # the headline
     page = (tmp_path / "report" / "index.html").read_text()
     assert "<h2>Routing</h2>" in page and offline(page)
+    assert_answer_first(tmp_path / "report", capsys.readouterr().out)  # routing's verdict too, before the notes
+
+
+@pytest.mark.parametrize("generate", ["router", "bf16"])  # flips beyond the noise; flips within it only
+def test_the_routing_tables_are_what_pandas_made_of_the_layers(tmp_path, generate):
+    """routing.csv byte for byte, and the section's sums per layer, as pandas wrote and summed them."""
+    found = tmp_path / "pairs.jsonl"
+    assert main(["align", str(MOE / "actor"), str(MOE / generate / "generate"), "-o", str(found)]) == 0
+    results = compare_file(str(found), str(tmp_path / "report"), CompareOptions(jobs=1)).answer.results
+    records = [r.record() for result in results for r in result.routing]
+    expected = io.StringIO()
+    pandas.DataFrame(records, columns=list(ROUTING_COLUMNS)).to_csv(expected, index=False)
+    assert (tmp_path / "report" / ROUTING_CSV).read_text() == expected.getvalue()
+    compared = pandas.DataFrame([r for r in records if r["status"] == Status.COMPARED.value])
+    sums = compared.groupby("layer", as_index=False)[["tokens", "flipped", "within_noise"]].sum()
+    layers = report_routing.by_layer(results)
+    assert [(f.layer, f.tokens, f.flipped, f.within_noise) for f in layers] == list(sums.itertuples(index=False))
+    assert [f.share for f in layers] == list(sums["flipped"] / sums["tokens"])
 
 
 def test_a_numeric_fault_before_the_router_is_named_at_its_module_not_as_routing(tmp_path):
@@ -213,6 +234,29 @@ def test_routing_needs_the_training_routers_in_tensor_mode(tmp_path):
 def test_routing_needs_the_inference_record(tmp_path):
     compare(tmp_path, MOE / "actor", MOE / "no_routing" / "generate")
     assert set(routed(tmp_path)["reason"]) == {routing.NO_INFERENCE_IDS}
+
+
+def test_routing_reads_the_routed_experts_log_its_pair_names_and_an_older_pairs_file_finds_it_by_the_layout(tmp_path):
+    generate = tmp_path / "generate"
+    shutil.copytree(MOE / "fp32" / "generate", generate)
+    found, report = tmp_path / "pairs.jsonl", tmp_path / "report"
+    assert main(["align", str(MOE / "actor"), str(generate), "-o", str(found)]) == 0
+    lines = [json.loads(line) for line in found.read_text().splitlines()]
+    (log,) = generate.glob(f"*/{routing.ROUTED_EXPERTS_LOG}")
+    assert {line["generate"]["routed_experts_log"] for line in lines} == {str(log.relative_to(tmp_path))}
+    moved = tmp_path / "elsewhere.jsonl"  # not where the layout puts it: compare must take the pair's word for it
+    log.rename(moved)
+    for line in lines:
+        line["generate"]["routed_experts_log"] = str(moved)
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert set(routed(tmp_path)["status"]) == {Status.COMPARED.value}
+    moved.rename(log)  # an older align's pairs file names no routed-experts log: the layout finds it
+    for line in lines:
+        del line["generate"]["routed_experts_log"]
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["compare", str(found), "-o", str(report), "--jobs", "1"]) == 0
+    assert set(routed(tmp_path)["status"]) == {Status.COMPARED.value}
 
 
 def test_a_mapping_rule_makes_a_router_of_another_name_compared_and_routed(tmp_path):

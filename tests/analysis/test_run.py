@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas
 import pytest
 from support import golden
+from support.pages import assert_answer_first
 
 from msprobe_hooks.analysis import results
 from msprobe_hooks.analysis.pairing import pairs
@@ -97,6 +98,7 @@ def test_the_run_view_names_the_first_diverging_step_and_its_module(two_steps_co
     assert errors[2] > 100 * errors[1]
     summary = (report / "summary.md").read_text()
     assert "## The run" in summary and "run_by_step.png" in summary
+    assert_answer_first(report, printed)  # the run's verdict under the overall one, before the notes
 
 
 def test_tensorboard_reads_back_the_scalars_per_global_step(two_steps_compared):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import random
+from collections import Counter
 
 import pandas
 import pytest
@@ -12,8 +13,9 @@ import pytest
 from msprobe_hooks.analysis.comparing.row_store import RowStore, pack
 from msprobe_hooks.analysis.report import writer as report
 from msprobe_hooks.analysis.report.plots import plain_power
-from msprobe_hooks.analysis.results import MODULE_COLUMNS, ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.results import MODULE_COLUMNS, ModuleRow, PairResult, Status, Unpaired, Verdict
 from msprobe_hooks.analysis.table import BOOL, FLOAT, INT, OBJECT, Table, column_kind
+from msprobe_hooks.cli.align import unpaired_table
 
 # Columns of every kind pandas tells apart, with the values that change a cell: missing ones, 3 against 3.0,
 # floats of every magnitude, text that needs quoting.
@@ -129,3 +131,18 @@ def test_log_axis_labels_in_plain_text():
     assert plain_power(r"$\mathdefault{10^{0}}$") == "10⁰"
     assert plain_power("") == ""
     assert plain_power(r"$\mathdefault{\sqrt{2}}$") == r"$\mathdefault{\sqrt{2}}$"  # not a power: left to mathtext
+
+
+def test_aligns_unpaired_table_is_what_pandas_printed():
+    """``align``'s unpaired dumps by reason, laid out as ``DataFrame.to_string`` laid them out."""
+    rng = random.Random(0)
+    for _ in range(100):
+        train, generate = (Counter({r: rng.choice([0, 0, 1, 12, 10**6]) for r in Unpaired}) for _ in range(2))
+        reasons = [r for r in Unpaired if train[r] or generate[r]]
+        if not reasons:
+            continue
+        frame = pandas.DataFrame(
+            {"training dumps": [train[r] for r in reasons], "generate dumps": [generate[r] for r in reasons]},
+            index=[r.value for r in reasons],
+        )
+        assert unpaired_table(train, generate) == frame.to_string()

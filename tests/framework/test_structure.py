@@ -144,10 +144,11 @@ def test_every_test_module_that_starts_an_engine_or_interpreter_is_marked():
 
 
 # The analysis layer in stages, in this order; each imports only the stages before it, and the ground at
-# analysis/'s root that imports no stage: the answer's vocabulary (results.py, table.py) and the dump reader.
+# analysis/'s root that imports no stage: the answer's vocabulary (results.py, table.py), the dump reader and the
+# dump trees' layout.
 # analysis.run, the whole of compare, imports them all; nothing in a stage imports it.
 STAGES = ("pairing", "comparing", "answer", "report")
-GROUND = ("results", "table", "dumpfile")
+GROUND = ("results", "table", "dumpfile", "layout")
 ANALYSIS = "msprobe_hooks.analysis"
 
 

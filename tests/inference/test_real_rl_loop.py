@@ -36,8 +36,7 @@ from support.vllm_standin import dumped_steps
 from cpu_kit import demo_inputs
 from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
 from cpu_kit.vllm_engine import EngineError, VllmEngine
-from msprobe_hooks.analysis.answer.symptom import CausePath
-from msprobe_hooks.analysis.results import Verdict
+from msprobe_hooks.analysis.results import CausePath, Verdict
 from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)

@@ -167,7 +167,7 @@ def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):
             raise RuntimeError("boom")
 
     monkeypatch.setattr(patching, "_failures_reported", set())
-    monkeypatch.setattr(sglang_model_runner, "_ctx", patching.PatchContext("sglang.model_runner", "0.5.2", None))
+    wrapper = sglang_model_runner.forward_wrapper(patching.PatchContext("sglang.model_runner", "0.5.2", None))
     caplog.set_level(logging.DEBUG, logger="msprobe_hooks")
     ours = logging.getLogger("msprobe_hooks")
     monkeypatch.setattr(ours, "handlers", [caplog.handler])  # ours does not propagate to caplog's root handler
@@ -180,7 +180,7 @@ def test_a_failure_of_ours_leaves_the_forward_alone(caplog, monkeypatch):
         return "logits"
 
     for _ in range(2):
-        assert sglang_model_runner._forward(forward, instance, ("batch",), {"pp_proxy_tensors": None}) == "logits"
+        assert wrapper(forward, instance, ("batch",), {"pp_proxy_tensors": None}) == "logits"
     assert calls == [("batch", {"pp_proxy_tensors": None})] * 2
     ours = [r for r in caplog.records if "boom" in r.getMessage()]
     assert [r.levelno for r in ours] == [logging.WARNING, logging.DEBUG]

@@ -1,7 +1,10 @@
-"""What a report page loads: it must open offline, with every resource inline."""
+"""What a report page loads (it must open offline, with every resource inline), and what it opens with (the
+answer first)."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -35,3 +38,37 @@ def figures_drawn(dom: str) -> int:
     """How many plotly figures the browser drew: plotly.js adds each one's container when it draws it (the
     page as written holds none)."""
     return dom.count('class="plot-container plotly"')
+
+
+def printed_verdicts(printed: str) -> list[str]:
+    """The verdict lines ``compare`` printed (from "N pairs: ..." to its first line per pair), the first without
+    its "N pairs: "."""
+    lines = printed.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\d+ pairs: ", line))
+    head = lines[start : next(i for i, line in enumerate(lines) if line.startswith("  pair "))]
+    return [head[0].split(": ", 1)[1], *head[1:]]
+
+
+def assert_answer_first(report: Path, printed: str) -> None:
+    """``summary.md`` and ``index.html`` open with the verdict lines compare printed, right under the title, before
+    the notes and everything else."""
+    verdicts = printed_verdicts(printed)
+    paragraphs = (report / "summary.md").read_text().split("\n\n")
+    assert paragraphs[0].startswith("# compare: ")
+    assert paragraphs[1 : 1 + len(verdicts)] == [f"**{line}**" for line in verdicts]
+    assert paragraphs[1 + len(verdicts)].startswith("- Threshold: ")  # then the notes
+    page = (report / "index.html").read_text()
+    after_title = page.split("</h1>\n", 1)[1]
+    opening = "".join(f"<p><strong>{html.escape(line)}</strong></p>\n" for line in verdicts)
+    assert after_title.startswith(opening + "<ul><li>Threshold: ")
+
+
+def plotted(page: str, div_id: str) -> tuple[list, dict]:
+    """The traces and the layout of the page's plotly figure ``div_id``, as its script hands them to plotly.js."""
+    decoder = json.JSONDecoder()
+    call = re.search(rf'Plotly\.newPlot\(\s*"{div_id}",\s*', page)
+    assert call, f"no plotly figure {div_id} on the page"
+    at = call.end()
+    traces, at = decoder.raw_decode(page, at)
+    layout, _ = decoder.raw_decode(page, page.index("{", at))
+    return traces, layout

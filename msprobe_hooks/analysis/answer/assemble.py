@@ -13,8 +13,7 @@ from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.run_view import StepView
 from msprobe_hooks.analysis.answer.symptom import SampleCause, causes
 from msprobe_hooks.analysis.comparing.row_store import RowStore
-from msprobe_hooks.analysis.pairing.pairs import PairKind
-from msprobe_hooks.analysis.results import PairResult
+from msprobe_hooks.analysis.results import PairKind, PairResult
 
 
 @dataclass
@@ -40,7 +39,7 @@ def assemble(
     of equal pairs) must go the same way whatever the order."""
     results = sorted(results, key=lambda r: r.pair)
     gaps = gaps or {}
-    decode = any(r.kind == PairKind.DECODE for r in results)
+    decode = any(r.kind is PairKind.DECODE for r in results)
     samples = causes(results, gaps) if gaps or decode else []
     views = run_view.steps(results, store.layer_errors, gaps)
     return Answer(results, store, samples, views if run_view.is_run(views) else [])

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis.results import PairResult, Verdict
+from msprobe_hooks.analysis.results import PairResult, StepRow, Verdict
 
 # The scalars of a step, as steps.csv and TensorBoard name them (tag: msprobe_hooks/<scalar>[/L<layer>]).
 SCALARS = (
@@ -44,9 +44,7 @@ class StepView:
 
     @property
     def first_layer(self) -> int | None:
-        module = self.first.first_module if self.first is not None else ""
-        parts = module.split(".")
-        return int(parts[1]) if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit() else None
+        return self.first.first_layer if self.first is not None else None
 
     def scalars(self) -> list[tuple[str, int | None, float]]:
         """(scalar, layer, value) of this step, tidy: one per scalar (and layer)."""
@@ -141,10 +139,6 @@ def _before(view: StepView, other: StepView) -> bool:
         return False
 
 
-def tidy(views: Sequence[StepView]) -> list[dict[str, Any]]:
+def tidy(views: Sequence[StepView]) -> list[StepRow]:
     """``steps.csv``: one row per global step, scalar and layer (a long table)."""
-    return [
-        {"global_step": v.global_step, "scalar": name, "layer": layer, "value": value}
-        for v in views
-        for name, layer, value in v.scalars()
-    ]
+    return [StepRow(v.global_step, name, layer, value) for v in views for name, layer, value in v.scalars()]

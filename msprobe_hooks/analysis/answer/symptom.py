@@ -10,25 +10,12 @@ decode tokens is on the decode path (paged KV cache, single-token attention, a d
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from msprobe_hooks.analysis.pairing.logs import find_logs
-from msprobe_hooks.analysis.pairing.pairs import PairKind
-from msprobe_hooks.analysis.results import PairResult, Verdict, _Text
-from msprobe_hooks.join_keys import GAP_LOG, strip_vllm_suffix
-
-GAP_FIELDS = ("max", "mean", "argmax", "tokens", "over", "probs_diff_max", "probs_diff_mean")
-
-
-class CausePath(_Text):
-    """Where a divergence is: the words of the report's verdict."""
-
-    PREFILL = "prefill path"  # the prompt's forward already differs: every decode token inherits it
-    DECODE = "decode path"  # the prompt agrees, response tokens do not
-    NEITHER = "neither"  # nothing diverges where pairs were compared
+from msprobe_hooks.analysis.results import GAP_FIELDS, CausePath, PairKind, PairResult, Verdict
+from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.jsonl import records
 
 
 @dataclass
@@ -56,23 +43,12 @@ class SampleCause:
         return CausePath.DECODE if self.decode_diverging else CausePath.NEITHER
 
 
-def gap_logs(train_logs: Iterable[str]) -> list[str]:
-    """The ``logprob_gap.jsonl`` files beside the training logs the pairs name (one per training process)."""
-    folders = {os.path.dirname(os.path.dirname(os.path.abspath(log))) for log in train_logs if log}
-    return [path for root in sorted(folders) if os.path.isdir(root) for path in find_logs(root, GAP_LOG)]
-
-
 def gap_lines(paths: Iterable[str]) -> Iterator[dict[str, object]]:
-    """Every line of the gap logs ``paths``, in order; bad lines are skipped."""
+    """Every record of the gap logs ``paths`` (the pairs' ``train.gap_logs``), in order; a bad line is named and
+    skipped (:func:`msprobe_hooks.jsonl.records`)."""
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill: the rest of the file still counts
-                if isinstance(record, dict):
-                    yield record
+        for _, record in records(path):
+            yield record
 
 
 def read_gaps(paths: Iterable[str]) -> dict[tuple[str, object], dict[str, object]]:
@@ -89,7 +65,7 @@ def causes(results: Sequence[PairResult], gaps: dict[tuple[str, object], dict[st
     samples: dict[tuple[str, object], SampleCause] = {}
     for r in results:
         sample = samples.setdefault((str(r.key), r.global_step), SampleCause(str(r.key), r.global_step))
-        if r.kind == PairKind.DECODE:
+        if r.kind is PairKind.DECODE:
             sample.decode.append(r)
         elif sample.prefill is None or r.verdict is Verdict.DIVERGES:
             sample.prefill = r

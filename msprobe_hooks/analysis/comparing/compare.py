@@ -4,9 +4,8 @@ Each pair of ``dump.json`` files (one training forward, one inference prefill of
 is compared module by module through the name map of :mod:`names`: statistics mode compares the
 relative error of max, min and norm (fused outputs combined exactly from their parts), tensor
 mode loads the ``.pt``/``.npy`` files one tensor at a time and compares cosine, max abs error and
-the relative error ``||a - b|| / ||b||``. The verdict of a pair is the first compared tensor, in
-the training model's order, whose error crosses the threshold; a pair where nothing could be
-compared says so and is never a pass. Pairs run in a process pool (all cores by default).
+the relative error ``||a - b|| / ||b||``. Comparing measures only: the verdict is the answer stage's
+(:func:`msprobe_hooks.analysis.answer.verdict.judge`, by the rules it is handed).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis import dumpfile
-from msprobe_hooks.analysis.answer.verdict import FixedRule, StepRule
 from msprobe_hooks.analysis.comparing import names, routing
 from msprobe_hooks.analysis.comparing.shards import ShardError, Sharding, whole_stats, whole_tensor
 from msprobe_hooks.analysis.comparing.statistics import (
@@ -28,8 +26,8 @@ from msprobe_hooks.analysis.comparing.statistics import (
     tensor_errors,
     thresholded_error,
 )
-from msprobe_hooks.analysis.pairing.pairs import Pair, PairKind
-from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.pairing.pairs import Pair
+from msprobe_hooks.analysis.results import Mode, ModuleRow, PairKind, PairResult, Status, Verdict
 
 
 @dataclass
@@ -62,6 +60,18 @@ class Side:
     layer_offset: int = 0  # a pipeline stage's dump: its first layer is the model's layer layer_offset
     rows: tuple[int, int] | None = None  # the rows a pair compares, [start, stop); None: all
     shards: dict[int, Side] | None = None  # a TP engine's prefill: every rank's dump (this one among them)
+    routers: list[routing.RouterEntry] = field(default_factory=list)  # its MoE routers' entries, for routing
+
+
+def _held(tensors: dict[Any, SideTensor], key: Any, alias: bool, order: int, part: int | None) -> SideTensor | None:
+    """Where a tensor of ``key`` goes: a new entry, or the parts of the one held; None: it goes nowhere (the key
+    holds a tensor already; an alias never displaces a primary key's)."""
+    held = tensors.get(key)
+    if held is None or (held.alias and not alias):
+        tensors[key] = held = SideTensor(order, alias)
+    elif held.alias != alias or part is None or part in held.parts:
+        return None
+    return held
 
 
 def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
@@ -70,7 +80,9 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
     ``layer_offset``: the dump is a pipeline stage's, its layer 0 the model's layer ``layer_offset``."""
     meta: dict[str, Any] = {}
     tensors: dict[tuple[str, str, int], SideTensor] = {}
+    last_layer: dict[int, SideTensor] = {}  # call -> the last decoder layer's output, filed once its number is known
     skipped: list[ModuleRow] = []
+    routers: list[routing.RouterEntry] = []
     api_rows = 0
     layers: list[int] = []
     position = -1
@@ -92,36 +104,41 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
         )
         if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill
             continue
+        own = names.parse(raw) if layer_offset else name  # routing numbers a stage's routers by its own layers
+        chooser = routing.chooser_layer(own, table) if own is not None else None
+        if chooser is not None:
+            routers.append((chooser, raw, entry))
         if name.layer is not None:
             layers.append(name.layer)
         for mapped in names.map_entry(name, entry, table):
             order = 2 * position + (1 if mapped.label.startswith("output") else 0)
             dumped = f"{raw}.{mapped.label}"
             shape = _shape_text(mapped.tensor.get("shape") or ())
-            if mapped.reason:
-                skipped.append(ModuleRow(order=order, train_name=dumped, reason=mapped.reason, train_shape=shape))
-                continue
-            for index, (module, io) in enumerate(mapped.keys):
-                key = (module, io, name.call)
-                alias = index > 0
-                held = tensors.get(key)
-                if held is None or (held.alias and not alias):
-                    tensors[key] = held = SideTensor(order, alias)
-                elif held.alias != alias or mapped.part is None or mapped.part in held.parts:
-                    if not alias:
-                        reason = f"a second tensor for the same key ({module} {io}; first: {held.name})"
-                        skipped.append(ModuleRow(order=order, train_name=dumped, reason=reason, train_shape=shape))
-                    continue
-                # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
-                held.parts[mapped.part] = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name"))
-    last = f"layers.{names.LAST_LAYER}"
-    if layers:
-        for key in [k for k in tensors if k[0] == last]:
-            tensors.setdefault((f"layers.{max(layers)}", key[1], key[2]), tensors[key])
-            del tensors[key]
+            reason = mapped.reason
+            # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
+            kept = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name")) if not reason else None
+            for index, (module, io) in enumerate(mapped.keys if not reason else ()):
+                held = _held(tensors, (module, io, name.call), index > 0, order, mapped.part)
+                if held is not None:
+                    held.parts[mapped.part] = kept
+                elif index == 0:
+                    first = tensors[(module, io, name.call)].name
+                    reason = f"a second tensor for the same key ({module} {io}; first: {first})"
+            if mapped.last_layer_output and not mapped.reason:
+                held = _held(last_layer, name.call, True, order, mapped.part)
+                if held is not None:
+                    held.parts[mapped.part] = kept
+            if reason:
+                layer = names.layer_of(table.canonical(name)[0])
+                skipped.append(ModuleRow(order=order, layer=layer, train_name=dumped, reason=reason, train_shape=shape))
+    if layers:  # a model without decoder layers has no last layer's output to compare
+        for call, held in last_layer.items():
+            tensors.setdefault((f"layers.{max(layers)}", "output", call), held)
     embedding = tensors.get(("embed_tokens", "input", 0))
     tokens = embedding.in_order()[0][1].numel if embedding else None
-    return Side(path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset)
+    return Side(
+        path, str(meta.get("task", "")), tensors, skipped, api_rows, tokens, layer_offset=layer_offset, routers=routers
+    )
 
 
 def _tensor_file(side: Side, data_name: str | None) -> str | None:
@@ -239,8 +256,9 @@ def _joined(train: Side, generate: Side) -> tuple[list[tuple[Any, ...]], int]:
     return [(k, train.tensors.get(k), generate.tensors.get(k), order(k)) for k in ordered], end
 
 
-def compare_sides(train: Side, generate: Side, threshold: float, table: names.NameMap) -> list[ModuleRow]:
-    """One row per tensor of either side, in the training model's order (inference-only rows last)."""
+def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[ModuleRow]:
+    """One row per tensor of either side, in the training model's order (inference-only rows last), with its
+    errors; whether a row diverges is the answer stage's to say."""
     rows: list[ModuleRow] = []
     joined, end = _joined(train, generate)
     stage_start = _stage_start(generate, train.layer_offset)
@@ -249,12 +267,12 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
             order=order,
             module=module if call == 0 else f"{module}#{call}",
             io=io,
-            layer=_layer(module),
+            layer=names.layer_of(module),
             train_name=t_held.name if t_held else "",
             generate_name=g_held.name if g_held else "",
         )
         rows.append(row)
-        earlier = g_held is not None and (g_held.order < stage_start or (_layer(module) or 0) < train.layer_offset)
+        earlier = g_held is not None and (g_held.order < stage_start or (row.layer or 0) < train.layer_offset)
         if t_held is None and earlier:  # the stream out of an earlier stage's last layer too
             row.status = Status.NOT_COMPARABLE
             row.reason = (
@@ -272,7 +290,7 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         row.generate_dtype = g_stats.dtype if g_stats else ""
         why = t_why or g_why
         if not why and (train.rows or generate.rows):
-            _compare_rows(row, train, t_held, generate, g_held, threshold)
+            _compare_rows(row, train, t_held, generate, g_held)
             continue
         whole = None
         if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
@@ -300,7 +318,7 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         errors = statistic_errors(t_stats, g_stats)  # type: ignore[arg-type]
         row.max_rel, row.min_rel, row.norm_rel, row.mean_rel = (errors[s] for s in ("max", "min", "norm", "mean"))
         row.error = thresholded_error(errors)
-        t_tensor = _fused_tensor(train, t_held) if "tensor" in (train.task, generate.task) else None
+        t_tensor = _fused_tensor(train, t_held) if Mode.TENSOR in (train.task, generate.task) else None
         g_tensor = None
         if t_tensor is not None:
             try:
@@ -315,11 +333,10 @@ def compare_sides(train: Side, generate: Side, threshold: float, table: names.Na
         if row.error is None:
             row.status, row.reason = Status.NOT_COMPARABLE, "no statistics dumped (empty or non-float tensor)"
         else:
-            row.status, row.diverges = Status.COMPARED, row.error > threshold
+            row.status = Status.COMPARED
     for side in (train, generate):
         for item in side.not_comparable:
-            layer = _layer(_module_of(item.train_name, table))
-            item = dataclasses.replace(item, module="", io="", status=Status.NOT_COMPARABLE, layer=layer)
+            item = dataclasses.replace(item, module="", io="", status=Status.NOT_COMPARABLE)
             if side is generate:  # read_side files every skipped tensor under train_*: here it is the inference one's
                 item.order += end
                 item.generate_name, item.generate_shape = item.train_name, item.train_shape
@@ -333,13 +350,11 @@ def _stage_start(generate: Side, layer_offset: int) -> int:
     """The inference side's order from which a training stage starting at ``layer_offset`` computes (0: all)."""
     if not layer_offset:
         return 0
-    orders = [g.order for (m, _, _), g in generate.tensors.items() if (_layer(m) or -1) >= layer_offset]
+    orders = [g.order for (m, _, _), g in generate.tensors.items() if (names.layer_of(m) or -1) >= layer_offset]
     return min(orders, default=0)
 
 
-def _compare_rows(
-    row: ModuleRow, train: Side, t_held: SideTensor, generate: Side, g_held: SideTensor, threshold: float
-) -> None:
+def _compare_rows(row: ModuleRow, train: Side, t_held: SideTensor, generate: Side, g_held: SideTensor) -> None:
     """One token's rows (a decode pair, or a prompt's rows of a sequence) of a key, element by element."""
     t_tensor, g_tensor = _fused_tensor(train, t_held), _fused_tensor(generate, g_held)
     if t_tensor is None or g_tensor is None:
@@ -360,23 +375,12 @@ def _compare_rows(
     metrics = tensor_errors(t_rows, g_rows)
     row.cosine, row.max_abs, row.tensor_rel = metrics["cosine"], metrics["max_abs"], metrics["relative"]
     row.error = metrics["relative"]
-    row.status, row.diverges = Status.COMPARED, row.error > threshold
+    row.status = Status.COMPARED
 
 
-def _module_of(dumped: str, table: names.NameMap) -> str:
-    name = names.parse(dumped.split(".forward.")[0] + ".forward.0")
-    return table.canonical(name)[0] if name else ""
-
-
-def _layer(module: str) -> int | None:
-    parts = module.split(".")
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit() else None
-
-
-def compare_pair(
-    index: int, pair: Pair, threshold: float, mapping: str | None = None
-) -> tuple[PairResult, list[ModuleRow]]:
-    """The verdict of one pair and its rows; a dump that cannot be read fails this pair only.
+def compare_pair(index: int, pair: Pair, mapping: str | None = None) -> tuple[PairResult, list[ModuleRow]]:
+    """One pair's rows and what they measure (no verdict yet: :func:`.answer.verdict.judge` decides it); a dump
+    that cannot be read fails this pair only, a token's rows that cannot be cut from statistics too.
 
     ``mapping`` is a user's name-map file (``compare --mapping``), read once per process.
     """
@@ -386,7 +390,7 @@ def compare_pair(
         key=pair.key,
         train_dump=pair.train.dump,
         generate_dump=pair.generate.dump,
-        kind=pair.kind,
+        kind=PairKind(pair.kind),
         position=pair.position,
         token_index=pair.token_index,
         global_step=pair.train.global_step,
@@ -407,7 +411,7 @@ def compare_pair(
         return result, []
     train.rows = tuple(pair.train.rows) if pair.train.rows else None
     generate.rows = tuple(pair.generate.rows) if pair.generate.rows else None
-    if (train.rows or generate.rows) and not train.task == generate.task == "tensor":
+    if (train.rows or generate.rows) and not train.task == generate.task == Mode.TENSOR:
         result.verdict = Verdict.STATISTICS
         if pair.kind == PairKind.DECODE:
             cut = "a decode pair compares one token's rows"
@@ -421,35 +425,18 @@ def compare_pair(
             "step in tensor mode (docs/analysis.md)"
         )
         return result, []
-    rows = compare_sides(train, generate, threshold, table)
+    rows = compare_sides(train, generate, table)
     for row in rows:
         row.pair = result.pair
     compared = [r for r in rows if r.status is Status.COMPARED]
-    steps = StepRule().steps(rows)
-    before = 0.0
-    stepped = None
-    for row, up in steps:
-        row.steps_up = up
-        if up and stepped is None:
-            stepped, result.first_before = row, before
-        before = max(before, row.error)
-    fixed = FixedRule(threshold).first(rows)
-    first = stepped or fixed
     worst = max(compared, key=lambda r: r.error, default=None)
-    result.mode = "tensor" if any(r.cosine is not None for r in compared) else "statistics"
+    result.mode = Mode.TENSOR if any(r.cosine is not None for r in compared) else Mode.STATISTICS
     result.compared = len(compared)
     result.unmatched = sum(r.status is Status.UNMATCHED for r in rows)
     result.not_comparable = sum(r.status is Status.NOT_COMPARABLE for r in rows)
     result.api_rows = f"{train.api_rows}/{generate.api_rows}"
-    result.verdict = Verdict.DIVERGES if first else (Verdict.NO_DIVERGENCE if compared else Verdict.NOTHING_COMPARED)
-    if fixed is not None:
-        result.threshold_module, result.threshold_io, result.threshold_error = fixed.module, fixed.io, fixed.error
-    if first is not None:
-        result.first_rule = "step" if first is stepped else "threshold"
-        result.first_module, result.first_io, result.first_error = first.module, first.io, first.error
-        result.first_order = first.order
-        result.first_train_name, result.first_generate_name = first.train_name, first.generate_name
     if worst is not None:
         result.max_error, result.max_module = worst.error, f"{worst.module} {worst.io}"
-    routing.judge(result, pair, rows, table)  # MoE pairs: the routers' choices; nothing for a dense model
+    # MoE pairs: the routers' choices; nothing for a dense model
+    routing.compare(result, pair, rows, table, train.routers, generate.routers)
     return result, rows

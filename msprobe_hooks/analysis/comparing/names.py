@@ -8,8 +8,10 @@ gets a reason instead of a key.
 The correspondence itself is data: the rules of ``name_map.yaml`` (shipped), extended or overridden
 by a user's file (``compare --mapping``). A rule names a canonical module, the dumped names it covers
 and how its tensors compare (:data:`KINDS`); this module only applies them. The built-in rules are the
-measured ones of ``reference/train-vs-vllm-dumps.md`` (FSDP2 against vLLM 0.32 and SGLang 0.5.21) and
-Megatron's names (``reference/real-megatron-cpu.md``).
+correspondence measured on real dumps, verl 0.9.1's FSDP2 engine against vLLM 0.32 and SGLang 0.5.21 and its Megatron
+engine against vLLM: the table of docs/analysis.md ("What is compared with what"); the dumps are kept in
+``tests/golden`` (its README says what each holds) and compared by ``tests/analysis/test_golden.py`` and
+``test_megatron_pairs.py``. The rules' grammar is ``name_map.yaml``'s header.
 
 Entries that are not ``Module.<path>.<Class>.forward.<n>`` (msprobe's API rows at level mix,
 backward rows) are classified, never mapped.
@@ -30,10 +32,8 @@ from msprobe_hooks.analysis.comparing.shards import PARALLEL, Sharding
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "module"})
 API_PREFIXES = ("Functional.", "Tensor.", "Torch.", "VF.", "Distributed.", "NPU.", "Triton.", "Aten.")
 BUILTIN_MAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "name_map.yaml")
-# Placeholder for "the last decoder layer", resolved once a whole dump has been read.
-LAST_LAYER = -1
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+# A decoder layer's segments in a module path: group 2 is its number.
+_LAYER = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
 _RULE_FIELDS = frozenset(
     {"module", "names", "parts", "compare", "reason", "stream", "also", "classes", "parallel", "shard_dim"}
 )
@@ -55,8 +55,13 @@ class ModuleName:
 
     @property
     def layer(self) -> int | None:
-        match = _LAYER.search(self.path)
-        return int(match.group(1)) if match else None
+        return layer_of(self.path)
+
+
+def layer_of(path: str) -> int | None:
+    """The decoder layer of a module path (dumped or canonical: ``layers.3.mlp``), None outside the layers."""
+    match = _LAYER.search(path)
+    return int(match.group(2)) if match else None
 
 
 def kind(name: str) -> str:
@@ -185,12 +190,9 @@ def _compile(segments: list[str]) -> re.Pattern[str]:
     return re.compile(r"(?:^|\.)" + r"\.".join(pieces) + "$")
 
 
-_LAYER_NUMBER = re.compile(r"(^|\.)layers\.(\d+)(?=\.|$)")
-
-
 def shift_layers(module: str, offset: int) -> str:
     """``module`` with its decoder layer moved by ``offset``: a pipeline stage's own numbering made the model's."""
-    return _LAYER_NUMBER.sub(lambda m: f"{m.group(1)}layers.{int(m.group(2)) + offset}", module, count=1)
+    return _LAYER.sub(lambda m: f"{m.group(1)}layers.{int(m.group(2)) + offset}", module, count=1)
 
 
 def _instantiate(template: str, layer: int | None) -> str:
@@ -299,6 +301,8 @@ class Mapped:
     keys: list[tuple[str, str]] = field(default_factory=list)  # primary key first, then aliases
     part: int | None = None
     reason: str | None = None
+    # Also (an alias) the output of the model's last decoder layer, whose number only the whole dump tells.
+    last_layer_output: bool = False
 
 
 def _is_tensor(value: Any) -> bool:
@@ -370,9 +374,8 @@ def _norm(e: _Entry) -> Iterator[Mapped]:
     stream = [(e.module, "input")]
     if e.rule is not None and e.rule.stream == "previous_layer" and e.layer:
         stream.append((f"layers.{e.layer - 1}", "output"))
-    elif e.rule is not None and e.rule.stream == "last_layer":
-        stream.append((f"layers.{LAST_LAYER}", "output"))
-    yield Mapped(*e.outputs[1], keys=stream)
+    last_layer = e.rule is not None and e.rule.stream == "last_layer"
+    yield Mapped(*e.outputs[1], keys=stream, last_layer_output=last_layer)
     yield from e.none(e.outputs[2:], "extra_input")
     yield from e.none(e.inputs + e.kwargs, "fused_norm_input")
 

@@ -5,21 +5,20 @@
 * inference: ``{generate dump_path}/{pid}/dispatch_log.jsonl``, one line per model step, or the
   recipe's DispatchLogger lines (``phase`` and rows of ``request_id``/``type``/``tokens``).
 
-(File names: :mod:`msprobe_hooks.join_keys`.)
-
 A line that is not a usable record (not JSON, truncated, no integer ``step``) is reported with its
-file and line number through ``warn`` and skipped; the rest of the file is still read.
+file and line number through ``warn`` and skipped; the rest of the file is still read (the policy of
+:mod:`msprobe_hooks.jsonl`'s reader). Where the logs are: :mod:`msprobe_hooks.analysis.layout`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from msprobe_hooks import jsonl
 from msprobe_hooks.join_keys import (
     DISPATCH_SOURCE,
     LAYER_OFFSET,
@@ -73,10 +72,6 @@ class TrainSample:
     @property
     def request_base(self) -> str | None:
         return None if self.request_id is None else strip_vllm_suffix(self.request_id)
-
-    @property
-    def has_response(self) -> bool:
-        return self.seq_len is not None and self.prompt_len is not None and self.seq_len > self.prompt_len
 
 
 @dataclass(frozen=True)
@@ -155,48 +150,21 @@ class GenStep:
     time: float | None = None  # when the step's line was written; None in older and recipe logs
 
 
-def find_logs(root: str, filename: str) -> list[str]:
-    """``{root}/{pid}/{filename}`` for every process folder, sorted."""
-    found = []
-    for entry in sorted(os.listdir(root)):
-        path = os.path.join(root, entry, filename)
-        if os.path.isfile(path):
-            found.append(path)
-    return found
-
-
 def _records(path: str, warn: Warn, shortcut: Callable[[str], Any] | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, record) for every usable line of a JSON-lines file; bad lines are reported.
+    """(line number, record) for every usable line of a log (:func:`msprobe_hooks.jsonl.records`); bad lines,
+    and records without an integer ``step``, are reported.
 
     ``shortcut(line)``, when given, may answer for a line without parsing it (None: parse it).
     """
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            yield from _parse(path, handle, warn, shortcut)
+        for number, record in jsonl.records(path, lambda bad: warn(str(bad)), shortcut):
+            # A dict is a parsed line (a shortcut answers in its own type).
+            if isinstance(record, dict) and _int(record.get("step")) is None:
+                warn(f"{path}:{number}: not a log record (expected a JSON object with an integer step); line skipped")
+                continue
+            yield number, record
     except OSError as exc:
         warn(f"{path}: cannot read the log ({exc.strerror})")
-
-
-def _parse(
-    path: str, lines: Iterator[str], warn: Warn, shortcut: Callable[[str], Any] | None
-) -> Iterator[tuple[int, Any]]:
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        quick = shortcut(line) if shortcut is not None else None
-        if quick is not None:
-            yield number, quick
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            truncated = " (truncated?)" if not line.endswith("\n") else ""
-            warn(f"{path}:{number}: not JSON{truncated} ({exc.msg}); line skipped")
-            continue
-        if not isinstance(record, dict) or _int(record.get("step")) is None:
-            warn(f"{path}:{number}: not a log record (expected a JSON object with an integer step); line skipped")
-            continue
-        yield number, record
 
 
 def read_training(path: str, warn: Warn) -> Iterator[TrainDump]:

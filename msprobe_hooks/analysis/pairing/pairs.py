@@ -1,6 +1,7 @@
 """The ``pairs.jsonl`` file that ``align`` writes and ``compare`` reads: one schema, here.
 
-One line per pair, every field shown::
+One line per pair; every field written on every line shown (two are written only when set: ``generate.shards``
+and ``train.layer_offset``, below)::
 
     {"pair": 0, "rule": "request_id", "key": "job-3", "prompt_len": 12, "rank_rule": "same",
      "train":    {"dump": "...dump.json", "step": 3, "rank": 0, "pid": 811, "log": "...jsonl", "line": 4,
@@ -23,10 +24,21 @@ inference step packed several requests and msprobe's ``request_id`` filter cut t
 ``offset``/``tokens`` are the request's rows in that step. ``generate.shards``, only for an engine of
 several tensor-parallel ranks, lists the prefill's dump on every rank of that engine (``rank``, ``pid``,
 ``step``, ``line``, ``dump``, ``log``; the pair's own ``generate`` rank among them): compare makes the
-split tensors whole from them (:mod:`shards`). ``line`` is the log line each side came
-from, ``format`` whose log it was (``msprobe-hooks`` or the published ``recipe``). Paths are absolute,
-or relative to the folder of the pairs file (so a pairs file edited by hand, or moved with its dump
-trees, still resolves). Unknown fields are kept: a newer ``align`` may add some.
+split tensors whole from them (``analysis/comparing/shards.py``). ``train.layer_offset``, only where the training
+log says it (Megatron), is the model's number of the dumped pipeline stage's first decoder layer (0 without pipeline
+parallelism). ``line`` is the log line each side came from, ``format`` whose log it was (``msprobe-hooks`` or
+the published ``recipe``).
+
+The files beside each side's log that later stages read, written only when ``align`` found them:
+``train.gap_logs``, every training process's ``logprob_gap.jsonl`` (the symptom: a sample's log-prob
+pass may have run in another process than its update), and ``generate.routed_experts_log``, its
+process's ``routed_experts.jsonl`` (the engine's MoE routing). A pairs file without them (an older
+``align``) is read with them looked up where the dump trees' layout puts them
+(:mod:`msprobe_hooks.analysis.layout`); no stage after this one finds a file by counting folders.
+
+Paths are absolute, or relative to the folder of the pairs file (so a pairs file edited by hand, or
+moved with its dump trees, still resolves); :func:`read` makes every one absolute. Unknown fields are
+kept: a newer ``align`` may add some.
 """
 
 from __future__ import annotations
@@ -38,32 +50,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from msprobe_hooks.analysis.results import _Text
+from msprobe_hooks import jsonl
+from msprobe_hooks.analysis import layout
 
-
-class JoinRule(_Text):
-    """What joined a training dump to an inference dump."""
-
-    REQUEST_ID = "request_id"  # the engine's suffix stripped, both sides carried it
-    PROMPT_HASH = "prompt_hash"  # the hash of the prompt token ids
-
-
-class PairKind(_Text):
-    """What a pair compares."""
-
-    PREFILL = "prefill"  # a prompt's forward against its inference prefill
-    DECODE = "decode"  # one response token's row of a training sequence against its inference decode step
-
-
-class RankRule(_Text):
-    """How the generate rank of a pair was chosen."""
-
-    SAME = "same"  # the generate rank equal to the training rank (the recipe's rule; Megatron's only one)
-    FSDP_ANY = "fsdp_any"  # FSDP ranks hold whole activations: the lowest generate rank that dumped it
-    # FSDP against a tensor-parallel engine: every rank of the engine that ran the prefill (generate.shards),
-    # split tensors made whole; generate.rank is its lowest rank
-    ALL_RANKS = "all_ranks"
-
+# The pairs file's words; results.py holds every enum of the analysis layer.
+from msprobe_hooks.analysis.results import JoinRule as JoinRule
+from msprobe_hooks.analysis.results import PairKind
+from msprobe_hooks.analysis.results import RankRule as RankRule
 
 SIDES = ("train", "generate")
 LOG_FORMATS = ("msprobe-hooks", "recipe")
@@ -98,6 +91,7 @@ class TrainSide(_Side):
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the sample's token rows in the dump; None: all of them
     layer_offset: int | None = None  # Megatron pipeline stage: its layer 0 is the model's layer layer_offset
+    gap_logs: list[str] | None = None  # every training process's logprob_gap.jsonl; None: none found
 
 
 @dataclass
@@ -125,10 +119,11 @@ class GenerateSide(_Side):
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
     shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
+    routed_experts_log: str | None = None  # its process's routed_experts.jsonl; None: none found
 
 
-# Fields written only when set: a pair of a TP=1 engine reads as it always has.
-_OPTIONAL = frozenset({"shards", "layer_offset"})
+# Fields written only when set: a pair of a TP=1 engine, of a dense model, reads as it always has.
+_OPTIONAL = frozenset({"shards", "layer_offset", "gap_logs", "routed_experts_log"})
 
 
 @dataclass
@@ -142,7 +137,7 @@ class Pair:
     generate: GenerateSide
     prompt_len: int | None = None
     rank_rule: str | None = None
-    kind: str = PairKind.PREFILL
+    kind: PairKind = PairKind.PREFILL
     position: int | None = None  # decode: the token's position in its sequence (the row's computed_tokens)
     token_index: int | None = None  # decode: the response token whose log-prob that row computes (0: prefill's)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -159,6 +154,8 @@ class Pair:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Pair:
         known = {name: record[name] for name in cls._ORDER if name in record}
+        if "kind" in known:
+            known["kind"] = PairKind(known["kind"])
         known["train"] = _side(TrainSide, record["train"])
         known["generate"] = _side(GenerateSide, record["generate"])
         extra = {k: v for k, v in record.items() if k not in cls._ORDER}
@@ -186,7 +183,7 @@ def _side(cls: type, record: dict[str, Any]) -> Any:
 
 
 def resolve(path: str, pairs_file: str) -> str:
-    """A dump path of a pairs line, made absolute against the pairs file's folder."""
+    """A path of a pairs line, made absolute against the pairs file's folder."""
     return (
         path
         if os.path.isabs(path)
@@ -205,33 +202,77 @@ def write(pairs: Iterable[Pair], path: str) -> int:
 
 
 def read(path: str) -> Iterator[Pair]:
-    """The pairs of ``path``, dump paths resolved; a line that is not a usable pair raises PairsFileError."""
-    index = 0
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PairsFileError(f"{where}: not JSON ({exc.msg}); expected one pair per line") from None
-            if not isinstance(record, dict):
-                raise PairsFileError(f"{where}: a {type(record).__name__}, expected a JSON object")
-            for side in SIDES:
-                dump = record.get(side, {}).get("dump") if isinstance(record.get(side), dict) else None
-                if not isinstance(dump, str) or not dump:
-                    raise PairsFileError(f"{where}: no {side}.dump path; each pair names both dump.json files")
-                record[side]["dump"] = resolve(dump, path)
-            shards = record["generate"].get("shards")
-            if shards is not None:
-                if not isinstance(shards, list) or not all(
-                    isinstance(s, dict) and isinstance(s.get("dump"), str) and s["dump"] for s in shards
-                ):
-                    raise PairsFileError(f"{where}: generate.shards must be a list of objects, each with a dump path")
-                for shard in shards:
-                    shard["dump"] = resolve(shard["dump"], path)
-            if not isinstance(record.setdefault("pair", index), int):
-                raise PairsFileError(f"{where}: pair must be an integer (the pair's number)")
-            index += 1
-            yield Pair.from_record(record)
+    """The pairs of ``path``, every path resolved; a line that is not a usable pair raises PairsFileError.
+
+    A pairs file of an older ``align`` names no side files (``train.gap_logs``, ``generate.routed_experts_log``):
+    they are looked up where the dump trees' layout puts them (:mod:`msprobe_hooks.analysis.layout`)."""
+    side_files = _SideFiles(path)
+    for index, (number, record) in enumerate(jsonl.records(path, _refuse)):
+        where = f"{path}:{number}"
+        for side in SIDES:
+            dump = record.get(side, {}).get("dump") if isinstance(record.get(side), dict) else None
+            if not isinstance(dump, str) or not dump:
+                raise PairsFileError(f"{where}: no {side}.dump path; each pair names both dump.json files")
+            record[side]["dump"] = resolve(dump, path)
+            _resolve_log(record[side], path)
+        shards = record["generate"].get("shards")
+        if shards is not None:
+            if not isinstance(shards, list) or not all(
+                isinstance(s, dict) and isinstance(s.get("dump"), str) and s["dump"] for s in shards
+            ):
+                raise PairsFileError(f"{where}: generate.shards must be a list of objects, each with a dump path")
+            for shard in shards:
+                shard["dump"] = resolve(shard["dump"], path)
+                _resolve_log(shard, path)
+        record["train"]["gap_logs"] = side_files.gap_logs(record["train"], where)
+        record["generate"]["routed_experts_log"] = side_files.routed_experts_log(record["generate"], where)
+        if record.get("kind", PairKind.PREFILL) not in list(PairKind):
+            kinds = ", ".join(PairKind)
+            raise PairsFileError(f"{where}: kind {record['kind']!r}; accepted: {kinds}")
+        if not isinstance(record.setdefault("pair", index), int):
+            raise PairsFileError(f"{where}: pair must be an integer (the pair's number)")
+        yield Pair.from_record(record)
+
+
+def _refuse(line: jsonl.BadLine) -> None:
+    raise PairsFileError(f"{line.where}: {line.problem}; expected one pair per line")
+
+
+def _resolve_log(side: dict[str, Any], pairs_file: str) -> None:
+    if isinstance(side.get("log"), str) and side["log"]:
+        side["log"] = resolve(side["log"], pairs_file)
+
+
+class _SideFiles:
+    """The side files of a pairs file's pairs: resolved where named, else found by the layout (once per folder)."""
+
+    def __init__(self, pairs_file: str) -> None:
+        self.pairs_file = pairs_file
+        self._gap_logs: dict[str, list[str] | None] = {}  # training root -> its gap logs
+        self._routed: dict[str, str | None] = {}  # inference process folder -> its routed-experts log, if written
+
+    def gap_logs(self, train: dict[str, Any], where: str) -> list[str] | None:
+        named = train.get("gap_logs")
+        if named is not None:
+            if not isinstance(named, list) or not all(isinstance(log, str) and log for log in named):
+                raise PairsFileError(f"{where}: train.gap_logs must be a list of paths")
+            return [resolve(log, self.pairs_file) for log in named]
+        log = train.get("log")
+        if not isinstance(log, str) or not log:
+            return None
+        root = layout.log_root(log)
+        if root not in self._gap_logs:
+            self._gap_logs[root] = layout.gap_logs(root) or None
+        return self._gap_logs[root]
+
+    def routed_experts_log(self, generate: dict[str, Any], where: str) -> str | None:
+        named = generate.get("routed_experts_log")
+        if named is not None:
+            if not isinstance(named, str) or not named:
+                raise PairsFileError(f"{where}: generate.routed_experts_log must be a path")
+            return resolve(named, self.pairs_file)
+        process = layout.generate_process(generate["dump"])
+        if process not in self._routed:
+            found = layout.routed_experts_log(process)
+            self._routed[process] = found if os.path.isfile(found) else None
+        return self._routed[process]

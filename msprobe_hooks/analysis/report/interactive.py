@@ -1,22 +1,18 @@
 """The page's interactive figures (plotly, its bundle inlined once: the page stays one file that opens offline).
 
+Each draws a figure's data (:mod:`.figures`; the PNGs of :mod:`.plots`, for ``summary.md``, render the same).
 Hovering a point of the depth plot or a cell of a heatmap shows the module, the pair or step and the
-error. The bundle adds ~4.8 MB to ``index.html`` (plotly.js 3, minified); the PNGs of :mod:`.plots` stay
-for ``summary.md``.
+error. The bundle adds ~4.8 MB to ``index.html`` (plotly.js 3, minified).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from msprobe_hooks.analysis.answer.run_view import StepView
-from msprobe_hooks.analysis.answer.symptom import SampleCause
-from msprobe_hooks.analysis.report.plots import FLOOR
-from msprobe_hooks.analysis.results import ModuleRow, PairResult, Status, Verdict
+from msprobe_hooks.analysis.report import figures
 
 
 def _html(figure: Any, div_id: str, first: bool) -> str:
@@ -44,51 +40,52 @@ def _default_template() -> dict[str, Any]:
     return plotly.io.templates[name].to_plotly_json()  # a combined default ("a+b"): plotly merges them
 
 
-def _compared(rows: Sequence[ModuleRow]) -> dict[int | None, list[ModuleRow]]:
-    """The compared rows of each pair, in model order."""
-    by_pair: dict[int | None, list[ModuleRow]] = {}
-    for row in sorted((r for r in rows if r.status is Status.COMPARED), key=lambda r: (r.pair, r.order)):
-        by_pair.setdefault(row.pair, []).append(row)
-    return by_pair
+def _marks(heatmap: figures.Heatmap, name: str, symbol: str, size: int) -> Any:
+    """A heatmap's marks (first divergences) as a scatter over its cells; hover: what each is."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[heatmap.x[int(m.x)] for m in heatmap.marks],
+        y=[heatmap.y[int(m.y)] for m in heatmap.marks],
+        mode="markers",
+        marker={"color": "cyan", "size": size, "symbol": symbol},
+        name=name,
+        showlegend=False,
+        customdata=[m.text for m in heatmap.marks],
+        hovertemplate=f"%{{x}}: {name}<br>%{{customdata}}<extra></extra>",
+    )
 
 
-def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: float) -> dict[str, Any]:
-    """Error against the position in model order, one line per pair; hover: module, input/output, pair, error.
+def depth(figure: figures.Depth) -> dict[str, Any]:
+    """The depth figure; hover: module, input/output, pair, error.
 
-    The figure as plotly's JSON, not a Figure: it has a line per pair, and a Figure validates every point (seconds
-    for a thousand pairs)."""
-    compared = _compared(rows)
-    positions = {order: x for x, order in enumerate(sorted({r.order for mine in compared.values() for r in mine}))}
+    As plotly's JSON, not a Figure: it has a line per pair, and a Figure validates every point (seconds for a
+    thousand pairs)."""
     traces: list[dict[str, Any]] = []
-    for result in sorted(results, key=lambda r: r.pair):
-        mine = compared.get(result.pair, [])
-        if not mine:
-            continue
-        label = f"pair {result.pair} ({result.key}" + (
-            f", token {result.token_index})" if result.token_index is not None else ")"
-        )
+    for line in figure.lines:
         traces.append(
             {
-                "customdata": [[r.module, r.io] for r in mine],
-                "hovertemplate": f"{label}<br>%{{customdata[0]}} %{{customdata[1]}}<br>error %{{y:.3g}}<extra></extra>",
+                "customdata": line.where,
+                "hovertemplate": f"{line.label}<br>%{{customdata[0]}} %{{customdata[1]}}<br>error %{{y:.3g}}"
+                "<extra></extra>",
                 "marker": {"size": 4},
                 "mode": "lines+markers",
-                "name": label,
-                "x": [positions[r.order] for r in mine],
-                "y": [max(float(r.error), FLOOR) for r in mine],  # type: ignore[arg-type]
+                "name": line.label,
+                "x": line.x,
+                "y": line.y,
                 "type": "scatter",
             }
         )
-        if result.verdict is Verdict.DIVERGES and result.first_order in positions:
+        if line.first is not None:
             traces.append(
                 {
-                    "hovertemplate": f"first divergence of {label}<br>{result.first_module} {result.first_io}"
+                    "hovertemplate": f"first divergence of {line.label}<br>{line.first.text}"
                     "<br>error %{y:.3g}<extra></extra>",
                     "marker": {"color": "rgba(0,0,0,0)", "line": {"color": "red", "width": 2}, "size": 12},
                     "mode": "markers",
                     "showlegend": False,
-                    "x": [positions[result.first_order]],
-                    "y": [max(float(result.first_error), FLOOR)],  # type: ignore[arg-type]
+                    "x": [line.first.x],
+                    "y": [line.first.y],
                     "type": "scatter",
                 }
             )
@@ -101,119 +98,105 @@ def depth(rows: Sequence[ModuleRow], results: Sequence[PairResult], threshold: f
                 "x0": 0,
                 "x1": 1,
                 "xref": "x domain",
-                "y0": threshold,
-                "y1": threshold,
+                "y0": figure.threshold,
+                "y1": figure.threshold,
                 "yref": "y",
             }
         ],  # fmt: skip
-        "title": {"text": "training forward vs inference: error by depth"},
-        "xaxis": {"title": {"text": "module (model order)"}},
-        "yaxis": {"type": "log", "title": {"text": "relative error"}},
+        "title": {"text": figure.title},
+        "xaxis": {
+            "title": {"text": figure.x_title},
+            "tickmode": "array",
+            "tickvals": [x for x, _ in figure.ticks],
+            "ticktext": [name for _, name in figure.ticks],
+        },
+        "yaxis": {"type": "log", "title": {"text": figure.y_title}},
         "height": 420,
-        "margin": {"t": 50, "l": 60, "r": 20, "b": 50},
-        "showlegend": len(results) <= 12,
+        "margin": {"t": 50, "l": 60, "r": 20, "b": 80},
+        "showlegend": figure.legend,
     }
     return {"data": traces, "layout": layout}
 
 
-def decode(
-    layer_errors: Mapping[int, Mapping[int, float]], samples: Sequence[SampleCause], most: int = 6
-) -> Any | None:
-    """Error by decode token and decoder layer, a heatmap per sample; hover: token, layer, error. ``layer_errors``:
-    per pair the largest error of each decoder layer (``RowStore.layer_errors``)."""
+def decode(figure: figures.Decode) -> Any:
+    """The decode heatmap, a panel per sample; hover: token, layer, error, and what each first divergence is."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    shown = [s for s in samples if any(r.compared for r in s.decode)][:most]
-    if not shown:
-        return None
-    figure = make_subplots(rows=1, cols=len(shown), subplot_titles=[f"{s.key} (step {s.global_step})" for s in shown])
-    for col, sample in enumerate(shown, 1):
-        pairs = [r.pair for r in sample.decode if r.compared]
-        errors = [layer_errors.get(p, {}) for p in pairs]
-        layers = sorted({layer for mine in errors for layer in mine})
-        z = [[math.log10(max(mine[layer], FLOOR)) if layer in mine else None for mine in errors] for layer in layers]
-        figure.add_trace(
+    panels = figure.panels
+    plot = make_subplots(rows=1, cols=len(panels), subplot_titles=[p.title for p in panels])
+    for col, panel in enumerate(panels, 1):
+        plot.add_trace(
             go.Heatmap(
-                z=z,
-                x=[r.token_index for r in sample.decode if r.compared],
-                y=[f"L{layer}" for layer in layers],
+                z=panel.z,
+                x=panel.x,
+                y=panel.y,
                 coloraxis="coloraxis",
-                hovertemplate=f"{sample.key}<br>response token %{{x}}<br>layer %{{y}}"
+                hovertemplate=f"{panel.title}<br>{figure.x_title} %{{x}}<br>layer %{{y}}"
                 "<br>log10 error %{z:.2f}<extra></extra>",
             ),
             row=1,
             col=col,
         )
-    figure.update_layout(
-        title="decode tokens: largest error per layer",
-        coloraxis={"colorscale": "Magma", "cmin": -8, "colorbar": {"title": "log10 error"}},
+        if panel.marks:
+            plot.add_trace(_marks(panel, "first divergence", "circle", 6), row=1, col=col)
+        plot.update_xaxes(title_text=figure.x_title, type="category", row=1, col=col)
+    plot.update_layout(
+        title=figure.title,
+        coloraxis={
+            "colorscale": "Magma",
+            "cmin": figures.LOG10_LOWEST,
+            "cmax": figure.highest,
+            "colorbar": {"title": figure.colour_title},
+        },
         height=380,
         margin={"t": 70, "l": 50, "r": 20, "b": 40},
     )
-    return figure
+    return plot
 
 
-def run(views: Sequence[StepView]) -> Any:
-    """Layer x global step heatmap of the largest error, the token gap per step beside it; hover: step, layer, error."""
+def run(figure: figures.Run) -> Any:
+    """The run figure: the heatmap above, the token gap per step below; hover: step, layer, error."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    layers = sorted({layer for v in views for layer in v.layer_errors})
-    steps = [v.global_step for v in views]
-    z = [
-        [math.log10(max(v.layer_errors[layer], FLOOR)) if layer in v.layer_errors else None for v in views]
-        for layer in layers
-    ]
-    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35], vertical_spacing=0.08)
-    figure.add_trace(
+    heatmap = figure.heatmap
+    plot = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35], vertical_spacing=0.08)
+    plot.add_trace(
         go.Heatmap(
-            z=z,
-            x=steps,
-            y=[f"L{layer}" for layer in layers],
+            z=heatmap.z,
+            x=heatmap.x,
+            y=heatmap.y,
             colorscale="Magma",
-            zmin=-8,
-            colorbar={"title": "log10 error", "len": 0.6, "y": 0.7},
-            hovertemplate="global step %{x}<br>layer %{y}<br>log10 error %{z:.2f}<extra></extra>",
+            zmin=figures.LOG10_LOWEST,
+            colorbar={"title": figure.colour_title, "len": 0.6, "y": 0.7},
+            hovertemplate=f"{figure.x_title} %{{x}}<br>layer %{{y}}<br>log10 error %{{z:.2f}}<extra></extra>",
         ),
         row=1,
         col=1,
     )
-    firsts = [v for v in views if v.first is not None and v.first_layer is not None]
-    figure.add_trace(
-        go.Scatter(
-            x=[v.global_step for v in firsts],
-            y=[f"L{v.first_layer}" for v in firsts],
-            mode="markers",
-            marker={"color": "cyan", "size": 9, "symbol": "x"},
-            name="first divergence",
-            customdata=[f"{v.first.first_module} {v.first.first_io}" for v in firsts],  # type: ignore[union-attr]
-            hovertemplate="global step %{x}: first divergence<br>%{customdata}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    for name, dash in (("probs_diff_mean", "solid"), ("probs_diff_max", "dot"), ("token_gap_mean", "dash")):
-        with_gap = [v for v in views if name in v.gap]
-        if with_gap:
-            figure.add_trace(
-                go.Scatter(
-                    x=[v.global_step for v in with_gap],
-                    y=[v.gap[name] for v in with_gap],
-                    mode="lines+markers",
-                    line={"dash": dash},
-                    name=name,
-                    hovertemplate=f"global step %{{x}}<br>{name} %{{y:.3g}}<extra></extra>",
-                ),
-                row=2,
-                col=1,
-            )
-    figure.update_yaxes(type="log", title_text="token gap", row=2, col=1)
-    figure.update_xaxes(title_text="global step", row=2, col=1)
-    figure.update_layout(title="the run: error per layer and global step, the token gap", height=520)
-    return figure
+    plot.add_trace(_marks(heatmap, "first divergence", "x", 9), row=1, col=1)
+    for gap in figure.gaps:
+        plot.add_trace(
+            go.Scatter(
+                x=[heatmap.x[x] for x in gap.x],
+                y=gap.y,
+                mode="lines+markers",
+                line={"dash": gap.dash},
+                name=gap.name,
+                hovertemplate=f"{figure.x_title} %{{x}}<br>{gap.name} %{{y:.3g}}<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
+    plot.update_yaxes(type="log", title_text=figure.gap_title, row=2, col=1)
+    plot.update_xaxes(type="category", row=1, col=1)
+    plot.update_xaxes(title_text=figure.x_title, type="category", row=2, col=1)
+    plot.update_layout(title=figure.title, height=520)
+    return plot
 
 
-def fragments(figures: Sequence[tuple[str, Any]]) -> dict[str, str]:
-    """Each (div id, figure) as an HTML fragment; plotly.js inlined in the first only."""
-    return {div_id: _html(figure, div_id, first=i == 0) for i, (div_id, figure) in enumerate(figures)}
+def fragments(drawn: Sequence[tuple[str, Any]]) -> dict[str, str]:
+    """Each (div id, figure) as an HTML fragment, in the page's order: plotly.js inlined in the first only (the
+    others' scripts call it)."""
+    return {div_id: _html(figure, div_id, first=i == 0) for i, (div_id, figure) in enumerate(drawn)}

@@ -1,16 +1,22 @@
 """The MoE routing verdict in words, and the report's routing section (``routing.csv``).
 
-What the routers chose and whether a flip is within the noise is decided in
-:mod:`msprobe_hooks.analysis.comparing.routing`; this module only says it.
+What the routers chose is compared in :mod:`msprobe_hooks.analysis.comparing.routing`; whether a flip is within
+the noise, and whether routing names the divergence, the routing rule of :mod:`msprobe_hooks.analysis.answer.verdict`
+decides. This module only says it.
 """
 
 from __future__ import annotations
 
+import html
+import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
+from msprobe_hooks.analysis.answer.assemble import Answer
+from msprobe_hooks.analysis.report.sections import Section
 from msprobe_hooks.analysis.results import ROUTING_COLUMNS, FirstRule, PairResult, Status
+from msprobe_hooks.analysis.table import Table
 
 ROUTING_CSV = "routing.csv"
 
@@ -42,75 +48,91 @@ def describe(result: PairResult) -> str:
     return text + ")"
 
 
-def by_layer(results: Sequence[PairResult]) -> Any:
-    """Per layer over every pair: tokens, flipped, their share, within noise (a DataFrame; None without routing).
+@dataclass(frozen=True)
+class LayerFlips:
+    """One MoE layer over every pair: its tokens, those sent to other experts, and of those the ones within the
+    logits' noise."""
 
-    pandas is imported only for MoE pairs: a dense model's report does without it (``analysis/table.py``)."""
-    rows = [r.record() for result in results for r in result.routing if r.status is Status.COMPARED]
-    if not rows:
-        return None
-    import pandas
+    layer: int
+    tokens: int
+    flipped: int
+    within_noise: int
 
-    frame = pandas.DataFrame(rows).groupby("layer", as_index=False)[["tokens", "flipped", "within_noise"]].sum()
-    frame.insert(3, "share", frame["flipped"] / frame["tokens"])
-    frame["beyond_noise"] = frame["flipped"] - frame["within_noise"]
-    return frame
+    @property
+    def share(self) -> float:
+        return self.flipped / self.tokens if self.tokens else math.nan
+
+    @property
+    def beyond_noise(self) -> int:
+        return self.flipped - self.within_noise
+
+
+def by_layer(results: Sequence[PairResult]) -> list[LayerFlips]:
+    """Per layer over every pair (its compared layers), in layer order; empty without routing compared."""
+    sums: dict[int, list[int]] = {}
+    for result in results:
+        for r in result.routing:
+            if r.status is Status.COMPARED and r.layer is not None:
+                mine = sums.setdefault(r.layer, [0, 0, 0])
+                for i, count in enumerate((r.tokens, r.flipped, r.within_noise)):
+                    mine[i] += count or 0
+    return [LayerFlips(layer, *sums[layer]) for layer in sorted(sums)]
 
 
 def headline(results: Sequence[PairResult]) -> str:
     """One sentence over every pair: where routing first diverges, or that it agrees (noise flips counted)."""
-    frame = by_layer(results)
-    if frame is None:
+    layers = by_layer(results)
+    if not layers:
         reasons = {r.reason for result in results for r in result.routing if r.reason}
         return "routing not compared: " + "; ".join(sorted(reasons)) if reasons else ""
-    flipped = frame[frame["flipped"] > 0]
-    beyond = frame[frame["beyond_noise"] > 0]
-    if beyond.empty:
-        if flipped.empty:
-            return f"routing agrees: every token goes to the same experts in all {len(frame)} MoE layers"
-        noise = int(flipped["flipped"].sum())
+    flipped = [f for f in layers if f.flipped > 0]
+    beyond = [f for f in layers if f.beyond_noise > 0]
+    if not beyond:
+        if not flipped:
+            return f"routing agrees: every token goes to the same experts in all {len(layers)} MoE layers"
+        noise = sum(f.flipped for f in flipped)
         return (
             f"routing agrees beyond the noise: {noise} flips, all where the router's top-k margin is within the "
-            f"logits' noise (first at layer {int(flipped['layer'].iloc[0])}): rounding, not blamed"
+            f"logits' noise (first at layer {flipped[0].layer}): rounding, not blamed"
         )
-    first = beyond.iloc[0]
+    first = beyond[0]
     cause = any(r.first_rule == FirstRule.ROUTING for r in results)
     said = "routing diverges at layer" if cause else "tokens go to other experts from layer"
     return (
-        f"{said} {int(first['layer'])}: {int(first['flipped'])} of {int(first['tokens'])} tokens "
-        f"({first['share']:.1%}) go to other experts than in training"
+        f"{said} {first.layer}: {first.flipped} of {first.tokens} tokens "
+        f"({first.share:.1%}) go to other experts than in training"
         + ("" if cause else ", after the first numeric divergence: its consequence, not its cause")
-        + (
-            f"; first flip (noise included) at layer {int(flipped['layer'].iloc[0])}"
-            if int(flipped["layer"].iloc[0]) != int(first["layer"])
-            else ""
-        )
+        + (f"; first flip (noise included) at layer {flipped[0].layer}" if flipped[0].layer != first.layer else "")
     )
 
 
-def section(folder: str, results: Sequence[PairResult]) -> tuple[str, str] | None:
-    """``routing.csv`` written; the report's routing section as (Markdown, HTML); None for dense models."""
-    import html
-
-    records = [r.record() for result in results for r in result.routing]
+def section(folder: str, found: Answer) -> Section | None:
+    """The routing section (MoE pairs): ``routing.csv``, per pair and layer; per layer over every pair here."""
+    records = [r.record() for result in found.results for r in result.routing]
     if not records:
         return None
-    import pandas
-
-    pandas.DataFrame(records, columns=list(ROUTING_COLUMNS)).to_csv(os.path.join(folder, ROUTING_CSV), index=False)
-    verdict = headline(results)
-    frame = by_layer(results)
+    Table(records, ROUTING_COLUMNS).to_csv(os.path.join(folder, ROUTING_CSV))
     explained = (
         "Per MoE layer over every pair: the tokens whose set of experts differs between training and inference "
         "(`flipped`), and of those the ones where the training router's top-k margin is within the logits' noise "
         "(`within_noise`: rounding can swap such experts; reported, never blamed). Per pair and layer, with the "
         f"sources of the ids: `{ROUTING_CSV}`."
     )
-    markdown = f"\n## Routing\n\n**{verdict}**\n\n{explained}\n\n"
-    page = f"<h2>Routing</h2><p><strong>{html.escape(verdict)}</strong></p><p>{html.escape(explained)}</p>"
-    if frame is not None:
-        shown = frame.assign(share=frame["share"].map(lambda v: f"{v:.1%}"))
-        header = "| " + " | ".join(shown.columns) + " |\n|" + "---|" * len(shown.columns) + "\n"
-        markdown += header + "".join("| " + " | ".join(map(str, row)) + " |\n" for row in shown.itertuples(index=False))
-        page += shown.to_html(index=False)
-    return markdown, page
+    markdown = f"## Routing\n\n{explained}"
+    page = f"<h2>Routing</h2><p>{html.escape(explained)}</p>"
+    layers = by_layer(found.results)
+    if layers:
+        shown = Table(
+            {
+                "layer": f.layer,
+                "tokens": f.tokens,
+                "flipped": f.flipped,
+                "share": f"{f.share:.1%}",
+                "within_noise": f.within_noise,
+                "beyond_noise": f.beyond_noise,
+            }
+            for f in layers
+        )
+        markdown += f"\n\n{shown.markdown()}"
+        page += shown.html()
+    return Section("routing", headline(found.results), (ROUTING_CSV,), markdown, page)

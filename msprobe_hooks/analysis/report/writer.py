@@ -1,10 +1,11 @@
 """The report folder of ``compare``: ``summary.md``, ``modules.csv``, ``pairs.csv``, the figures, ``index.html``.
 
-With decode pairs or log-prob gaps, also the symptom -> cause section: ``samples.csv`` (per sample its
-gap, its first divergence at prefill and at the decode tokens, on which path) and
-``decode_by_token.png``; with several global steps, the run section (``steps.csv``, ``run_by_step.png``).
-``index.html`` opens offline: its figures are interactive (:mod:`.interactive`, plotly's bundle inlined),
-the tables are inline, nothing is fetched from the network.
+The answer first: ``summary.md`` and ``index.html`` open with the verdict lines (the first divergence over all
+pairs, then each section's: on which path, since which global step, routing), then the notes, then the sections
+(:mod:`.sections`, in :data:`SECTIONS` order: symptom -> cause with ``samples.csv`` and ``decode_by_token.png``,
+the run with ``steps.csv`` and ``run_by_step.png``, routing with ``routing.csv``), then the pairs: the depth
+figure and the table of every pair. ``index.html`` opens offline: its figures are interactive
+(:mod:`.interactive`, plotly's bundle inlined), the tables are inline, nothing is fetched from the network.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from typing import Any
 
 from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
-from msprobe_hooks.analysis.answer.run_view import StepView
-from msprobe_hooks.analysis.answer.symptom import GAP_FIELDS, SampleCause, path_verdict
-from msprobe_hooks.analysis.pairing.pairs import PairKind
-from msprobe_hooks.analysis.report import interactive, routing
-from msprobe_hooks.analysis.report.plots import Painter, decode_heatmap, decode_samples, depth, points, run_heatmap
+from msprobe_hooks.analysis.answer.symptom import path_verdict
+from msprobe_hooks.analysis.report import figures, interactive, plots, routing, sections
+from msprobe_hooks.analysis.report.plots import Painter
+from msprobe_hooks.analysis.report.sections import Builder, Figure, Section, table_html
 from msprobe_hooks.analysis.results import (
     MEAN_NOT_THRESHOLDED,
     MODULE_COLUMNS,
@@ -28,6 +28,7 @@ from msprobe_hooks.analysis.results import (
     PAIR_RESULT_COLUMNS,
     THRESHOLD_OF,
     FirstRule,
+    PairKind,
     PairResult,
     Status,
     Verdict,
@@ -35,13 +36,8 @@ from msprobe_hooks.analysis.results import (
 from msprobe_hooks.analysis.table import Table
 
 PLOT = "error_by_depth.png"
-DECODE_PLOT = "decode_by_token.png"
-SAMPLES = "samples.csv"
-STEPS = "steps.csv"
-RUN_PLOT = "run_by_step.png"
-REPORT_FILES = (
-    "summary.md", "modules.csv", "pairs.csv", PLOT, SAMPLES, DECODE_PLOT, STEPS, RUN_PLOT, routing.ROUTING_CSV,
-)  # fmt: skip
+# The sections after the pairs' verdict, in the report's order: each one record (sections.Section).
+SECTIONS: tuple[Builder, ...] = (sections.symptom, sections.run, routing.section)
 # The pairs table of summary.md and index.html: the dump paths are long, they stay in pairs.csv and the details.
 SUMMARY_COLUMNS = [
     "pair", "rule", "key", "kind", "token_index", "mode", "verdict", "first_module", "first_io", "first_error",
@@ -52,9 +48,9 @@ SUMMARY_COLUMNS = [
 
 def _by_rule(r: PairResult, threshold: float) -> str:
     """Why ``r``'s first divergence is one, and what the fixed threshold says when it names another row."""
-    if r.first_rule == FirstRule.ROUTING:
+    if r.first_rule is FirstRule.ROUTING:
         return routing.describe(r)
-    if r.first_rule == "step":
+    if r.first_rule is FirstRule.STEP:
         why = f"error {r.first_error:.3g}, a step up from {r.first_before:.3g} before it"
     else:
         why = f"error {r.first_error:.3g} > {threshold:g}"
@@ -70,8 +66,8 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
     if diverging:
         earliest = min(diverging, key=lambda r: r.first_order)
         same = sum(r.first_module == earliest.first_module for r in diverging)
-        if earliest.first_rule == FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
-            named = sum(r.first_rule == FirstRule.ROUTING for r in diverging)
+        if earliest.first_rule is FirstRule.ROUTING:  # over every pair: the shares of one pair are few tokens
+            named = sum(r.first_rule is FirstRule.ROUTING for r in diverging)
             return f"first divergence: {routing.headline(results)}; routing first in {named} of {len(results)} pairs"
         return (
             f"first divergence: {earliest.first_module} {earliest.first_io} "
@@ -86,36 +82,7 @@ def overall(results: Sequence[PairResult], threshold: float) -> str:
 
 
 def _pair_label(r: PairResult) -> str:
-    return f"{r.key}, decode token {r.token_index}" if r.kind == PairKind.DECODE else str(r.key)
-
-
-def sample_table(samples: Sequence[SampleCause]) -> Table:
-    """``samples.csv``: per sample its gap (``logprob_gap.jsonl``), the first divergence at prefill and at the
-    decode tokens, and on which path."""
-
-    def first(r: PairResult | None) -> str:
-        if r is None or not r.compared:
-            return "not compared"
-        return f"{r.first_module} {r.first_io}" if r.verdict is Verdict.DIVERGES else "no divergence"
-
-    records = []
-    for s in samples:
-        decode = [r for r in s.decode if r.compared]
-        diverging = s.decode_diverging
-        records.append(
-            {
-                "request_id": s.key,
-                "global_step": s.global_step,
-                **{f"gap_{name}": s.gap.get(name) for name in GAP_FIELDS},
-                "prefill": first(s.prefill),
-                "decode_compared": len(decode),
-                "decode_diverging": len(diverging),
-                "first_decode_token": diverging[0].token_index if diverging else None,
-                "first_decode_divergence": first(diverging[0]) if diverging else ("no divergence" if decode else ""),
-                "path": s.path.value if s.path else "",
-            }
-        )
-    return Table(records)
+    return f"{r.key}, decode token {r.token_index}" if r.kind is PairKind.DECODE else str(r.key)
 
 
 def pair_table(results: Sequence[PairResult]) -> Table:
@@ -170,7 +137,7 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
-        elif r.verdict is Verdict.DIVERGES and r.first_rule == FirstRule.ROUTING:
+        elif r.verdict is Verdict.DIVERGES and r.first_rule is FirstRule.ROUTING:
             lines.append(
                 f"  pair {r.pair} ({_pair_label(r)}): {routing.describe(r)}; "
                 f"{r.compared} compared, {r.unmatched} unmatched"
@@ -191,8 +158,9 @@ def summary_lines(found: Answer, threshold: float) -> list[str]:
     return lines
 
 
-def _table_html(table: Table) -> str:
-    return table.without_empty_columns().html()
+def verdict_lines(found: Answer, threshold: float, built: Sequence[Section]) -> list[str]:
+    """The report's answer, its first lines: the first divergence over all pairs, then each section's verdict."""
+    return [overall(found.results, threshold), *(s.verdict for s in built if s.verdict)]
 
 
 def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> str:
@@ -207,24 +175,14 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
     ordered = sorted(results, key=lambda r: r.pair)
     detailed = detailed_pairs(ordered)
     rows = found.store.rows(r.pair for r in detailed)  # the only rows read back
-    compared = points(rows)  # what the depth figure needs of the rows, all the painter's process is sent
-    painter.draw(depth, compared, detailed, threshold, os.path.join(folder, PLOT))
-    figures = [("plot", interactive.depth(rows, detailed, threshold))]
-    sections = []  # (Markdown, HTML) of the symptom -> cause and run sections
-    if found.samples:
-        decode_figure = interactive.decode(found.store.layer_errors, found.samples)
-        if decode_figure is not None:
-            figures.append(("decode", decode_figure))
-        sections.append(_symptom_section(folder, found, painter))
-    if found.steps:
-        figures.append(("run", interactive.run(found.steps)))
-        sections.append(_run_section(folder, found.steps, painter))
-    routed = routing.section(folder, results)  # MoE pairs only
-    if routed is not None:
-        sections.append((routed[0], ("routing", routed[1])))
-    fragments = interactive.fragments(figures)
+    depth = Figure(PLOT, "error by depth", figures.depth(rows, detailed, threshold), plots.depth, interactive.depth)
+    built = [s for s in (build(folder, found) for build in SECTIONS) if s is not None]
+    placed = [(s.name, s.figure) for s in built if s.figure is not None] + [("plot", depth)]  # in the page's order
+    for _, figure in placed:  # the painter's process is sent each figure's data only
+        painter.draw(figure.png, figure.data, os.path.join(folder, figure.file))
+    fragments = interactive.fragments([(name, figure.page(figure.data)) for name, figure in placed])
 
-    headline = overall(results, threshold)
+    answer = verdict_lines(found, threshold, built)
     failed = [r for r in ordered if r.verdict is Verdict.FAILED]
     counts = found.store.statuses
     notes = [
@@ -233,14 +191,23 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
         "API rows (level mix: Functional./Tensor./Torch.) are counted per pair (training/inference) and kept out "
         "of the verdict: their call counters never line up across engines.",
     ]
+    markdown = [
+        f"# compare: {len(results)} pairs",
+        *(f"**{line}**" for line in answer),
+        "\n".join(f"- {n}" for n in notes),
+    ]
+    for section in built:
+        markdown.append(section.markdown)
+        if section.figure is not None:
+            markdown.append(f"![{section.figure.alt}]({section.figure.file})")
+    markdown += [
+        f"## Pairs\n\n![{depth.alt}]({depth.file})",
+        pairs_table.select(SUMMARY_COLUMNS).markdown(),
+        *(["\n".join(f"- pair {r.pair}: {r.message}" for r in failed)] if failed else []),
+        "Every tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.",
+    ]
     with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as out:
-        out.write(f"# compare: {len(results)} pairs\n\n**{headline}**\n\n")
-        out.write("\n".join(f"- {n}" for n in notes) + "\n\n")
-        out.write(pairs_table.select(SUMMARY_COLUMNS).markdown() + "\n\n")
-        for r in failed:
-            out.write(f"- pair {r.pair}: {r.message}\n")
-        out.write("".join(markdown for markdown, _ in sections))
-        out.write(f"\n![error by depth]({PLOT})\n\nEvery tensor, per pair: `modules.csv`. Dump paths: `pairs.csv`.\n")
+        out.write("\n\n".join(markdown) + "\n")
 
     details = []
     # not-comparable rows (parameters, rotary, ...) are many and the same in every pair: modules.csv has them
@@ -250,7 +217,7 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
             shown.setdefault(row.pair, []).append(row.record())
     for r in detailed:
         mine = Table(shown.get(r.pair, []), MODULE_COLUMNS).drop("pair")
-        body = html.escape(r.message) if r.message is not None else _table_html(mine)
+        body = html.escape(r.message) if r.message is not None else table_html(mine)
         details.append(
             f"<details><summary>pair {r.pair} ({html.escape(_pair_label(r))}): {html.escape(str(r.verdict))}"
             f"</summary><p>training: <code>{html.escape(r.train_dump)}</code><br>inference: "
@@ -259,7 +226,10 @@ def write(folder: str, found: Answer, threshold: float, painter: Painter | None 
         )
     left_out = _left_out(ordered, detailed)
     painter.finish()  # the PNGs are on disk before the page links them
-    written = [f for f in REPORT_FILES if os.path.exists(os.path.join(folder, f))]
+    written = ["summary.md", "modules.csv", "pairs.csv", PLOT]
+    for section in built:
+        written += [*section.files, *([section.figure.file] if section.figure is not None else [])]
+    headlines = "\n".join(f"<p><strong>{html.escape(line)}</strong></p>" for line in answer)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>msprobe-hooks compare</title>
 <style>
@@ -267,11 +237,11 @@ body {{ font-family: sans-serif; margin: 1.5em; }} table {{ border-collapse: col
 td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 0; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>Training forward vs inference: {len(results)} pairs</h1>
-<p><strong>{html.escape(headline)}</strong></p>
+{headlines}
 <ul>{"".join(f"<li>{html.escape(n)}</li>" for n in notes)}</ul>
-{fragments["plot"]}
-{"".join(part.replace(FIGURE, fragments.get(name, "")) for _, (name, part) in sections)}
+{"".join(s.html + fragments.get(s.name, "") for s in built)}
 <h2>Pairs</h2>
+{fragments["plot"]}
 {pairs_table.select(SUMMARY_COLUMNS).html()}
 <h2>Compared and unmatched tensors, per pair</h2>
 <p>The not-comparable ones, with the reason, are in <a href="modules.csv">modules.csv</a>.{left_out}</p>
@@ -283,57 +253,3 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
     with open(index, "w", encoding="utf-8") as out:
         out.write(page)
     return index
-
-
-FIGURE = "<!-- figure -->"  # where a section's interactive figure goes in its HTML
-
-
-def _symptom_section(folder: str, found: Answer, painter: Painter) -> tuple[str, tuple[str, str]]:
-    """``samples.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``decode``)."""
-    samples = found.samples
-    frame = sample_table(samples)
-    frame.to_csv(os.path.join(folder, SAMPLES))
-    shown = decode_samples(samples)
-    if shown:  # the painter's process is sent the layer errors of the pairs it draws only
-        drawn = {r.pair for s in shown for r in s.decode}
-        layer_errors = {pair: found.store.layer_errors.get(pair, {}) for pair in drawn}
-        painter.draw(decode_heatmap, layer_errors, samples, os.path.join(folder, DECODE_PLOT))
-    verdict = path_verdict(samples)
-    markdown = (
-        f"\n## Symptom -> cause\n\n**{verdict}**\n\n"
-        "Per sample: its log-prob gap to the rollout (`logprob_gap.jsonl`: max/mean |training - rollout| on the "
-        "response tokens, the worst token `argmax`), the first divergence at prefill and at the decode tokens. "
-        f"All of it: `{SAMPLES}`.\n\n{frame.without_empty_columns().markdown()}\n"
-        + (f"\n![decode tokens by layer]({DECODE_PLOT})\n" if shown else "")
-    )
-    page = f"<h2>Symptom &rarr; cause</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
-    return markdown, ("decode", page)
-
-
-def _run_section(folder: str, views: Sequence[StepView], painter: Painter) -> tuple[str, tuple[str, str]]:
-    """``steps.csv`` written, its PNG drawn; the section's Markdown, and its HTML (figure ``run``)."""
-    Table(run_view.tidy(views), ["global_step", "scalar", "layer", "value"]).to_csv(os.path.join(folder, STEPS))
-    painter.draw(run_heatmap, views, os.path.join(folder, RUN_PLOT))
-    verdict = run_view.run_verdict(views)
-    frame = Table(
-        [
-            {
-                "global_step": v.global_step,
-                "pairs": v.pairs,
-                "verdict": v.verdict.value,
-                "first_divergence": f"{v.first.first_module} {v.first.first_io}" if v.first else "",
-                "first_error": v.first.first_error if v.first else None,
-                "largest_error": v.largest.max_error if v.largest else None,
-                **v.gap,
-            }
-            for v in views
-        ]
-    )
-    markdown = (
-        f"\n## The run\n\n**{verdict}**\n\nPer global step: the verdict over its pairs, its first divergence, the "
-        "largest error, and the token gap of its samples (verl's rollout_probs_diff_*, the log-prob gap). Every "
-        f"scalar, per layer too: `{STEPS}` (and `compare --tensorboard DIR`).\n\n"
-        f"{frame.without_empty_columns().markdown()}\n\n![the run]({RUN_PLOT})\n"
-    )
-    page = f"<h2>The run</h2><p><strong>{html.escape(verdict)}</strong></p>{_table_html(frame)}{FIGURE}"
-    return markdown, ("run", page)

@@ -66,16 +66,6 @@ def release(ctx: PatchContext) -> Version:
     return Version(ctx.version)
 
 
-# Set by patch(), before any wrapper runs: this patch's context (the SGLang version its gate read included).
-_ctx: PatchContext | None = None
-_server_args_at = -1  # the position of server_args among ModelRunner.__init__'s arguments (after self)
-
-
-def _context() -> PatchContext:
-    assert _ctx is not None, "patch() sets the context before any wrapper runs"
-    return _ctx
-
-
 # --- what a ForwardBatch holds --------------------------------------------------------------------
 
 
@@ -195,8 +185,7 @@ def _own_debugger(config_path: str, root: str) -> Any | None:
     return dbg
 
 
-def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
-    version = release(_context())
+def _graph_refusal(version: Version, server_args: Any, who: str, undo: str) -> str | None:
     for versions, field, graph_on, fix in records.GRAPH_SWITCHES:
         if version in SpecifierSet(versions) and getattr(server_args, field) == graph_on:
             return (
@@ -206,21 +195,19 @@ def _graph_refusal(server_args: Any, who: str, undo: str) -> str | None:
     return None
 
 
-def graph_problem(server_args: Any) -> str | None:
+def graph_problem(ctx: PatchContext, server_args: Any) -> str | None:
     """Why a dump asked for here would come out empty because of CUDA graphs, or None."""
-    ctx = _context()
     cfg = ctx.config
     version = release(ctx)
     if version < NATIVE_FROM and cfg is not None and cfg.generate_config:
-        return _graph_refusal(server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
+        return _graph_refusal(version, server_args, "MSPROBE_GENERATE_CONFIG", "unset MSPROBE_GENERATE_CONFIG")
     if version in _NATIVE_GRAPH_CHECK and server_args.msprobe_dump_config is not None:
-        return _graph_refusal(server_args, "--msprobe-dump-config", "drop --msprobe-dump-config")
+        return _graph_refusal(version, server_args, "--msprobe-dump-config", "drop --msprobe-dump-config")
     return None
 
 
-def _setup(runner: Any) -> SglangRunner | None:
+def _setup(runner: Any, ctx: PatchContext) -> SglangRunner | None:
     global _warned_unused_config
-    ctx = _context()
     cfg = ctx.config
     if cfg is None:
         return None
@@ -262,50 +249,50 @@ def _setup(runner: Any) -> SglangRunner | None:
 # --- wrappers ------------------------------------------------------------------------------------
 
 
-def _graph_check(args: tuple, kwargs: dict) -> str | None:
-    # Bad arguments: the wrapped call reports them itself.
-    return graph_problem(argument(args, kwargs, "server_args", _server_args_at))
-
-
-def _init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    ctx = _context()
-    problem = ctx.guarded("checking ModelRunner's server_args for CUDA graphs", _graph_check, args, kwargs)
-    if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
-        log.error("%s", problem)
-        raise GraphModeRefused(problem)
-    result = wrapped(*args, **kwargs)
-    ctx.guarded("setting up the runner's dump and dispatch log", _attach_setup, instance)
-    return result
-
-
-def _attach_setup(runner: Any) -> None:
-    setattr(runner, _STATE_ATTR, _setup(runner))
-
-
 def _begin(runner: SglangRunner, instance: Any, args: tuple, kwargs: dict) -> StepWindow:
     return runner.begin(instance.model, argument(args, kwargs, "forward_batch", 0))
 
 
-def _forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    runner: SglangRunner | None = getattr(instance, _STATE_ATTR, None)
-    if runner is None:
-        return wrapped(*args, **kwargs)
-    ctx = _context()
-    window = ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if window is not None:
-            ctx.guarded("ending the forward's dump and log line", runner.end, window)
-
-
 def patch(module: ModuleType, ctx: PatchContext) -> None:
-    global _ctx, _server_args_at
     cls = module.ModelRunner
     parameters = list(inspect.signature(cls.__init__).parameters)
     if "server_args" not in parameters:
         raise patching.TargetChanged("ModelRunner.__init__ has no server_args parameter")
     release(ctx)  # an unreadable version stops the patch here, not in a forward
-    _ctx, _server_args_at = ctx, parameters.index("server_args") - 1
-    ctx.wrap(cls, "__init__", _init)
-    ctx.wrap(cls, "forward", _forward)
+    server_args_at = parameters.index("server_args") - 1  # among __init__'s arguments after self
+
+    def graph_check(args: tuple, kwargs: dict) -> str | None:
+        # Bad arguments: the wrapped call reports them itself.
+        return graph_problem(ctx, argument(args, kwargs, "server_args", server_args_at))
+
+    def attach_setup(runner: Any) -> None:
+        setattr(runner, _STATE_ATTR, _setup(runner, ctx))
+
+    def init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        problem = ctx.guarded("checking ModelRunner's server_args for CUDA graphs", graph_check, args, kwargs)
+        if problem:  # refused before the model loads, on purpose: the dump asked for would be empty
+            log.error("%s", problem)
+            raise GraphModeRefused(problem)
+        result = wrapped(*args, **kwargs)
+        ctx.guarded("setting up the runner's dump and dispatch log", attach_setup, instance)
+        return result
+
+    ctx.wrap(cls, "__init__", init)
+    ctx.wrap(cls, "forward", forward_wrapper(ctx))
+
+
+def forward_wrapper(ctx: PatchContext) -> Any:
+    """The wrapper of ``ModelRunner.forward``: the forward's line (and dump window) around it."""
+
+    def forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        runner: SglangRunner | None = getattr(instance, _STATE_ATTR, None)
+        if runner is None:
+            return wrapped(*args, **kwargs)
+        window = ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if window is not None:
+                ctx.guarded("ending the forward's dump and log line", runner.end, window)
+
+    return forward

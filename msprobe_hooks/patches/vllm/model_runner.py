@@ -26,19 +26,12 @@ from typing import Any, TypeGuard
 from msprobe_hooks.config import read_msprobe_config
 from msprobe_hooks.inference.dispatch_log import open_log
 from msprobe_hooks.log import logger
+from msprobe_hooks.patches.vllm import VLLM_MODEL_RUNNER
 from msprobe_hooks.patches.vllm.batch import not_eager, scheduled_requests
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner, set_state, state_of
-from msprobe_hooks.patching import PatchContext, Refusal, TargetChanged, argument
+from msprobe_hooks.patching import PatchContext, Refusal, TargetChanged, argument, is_ours
 
 EAGER_HINT = "enforce_eager=True (--enforce-eager; verl: actor_rollout_ref.rollout.enforce_eager=True)"
-
-_runner_class: Any = None  # the GPUModelRunner class patched
-_ctx: PatchContext | None = None  # the context it was patched with
-
-
-def _context() -> PatchContext:
-    assert _ctx is not None, "patch() sets the context before any wrapper runs"
-    return _ctx
 
 
 class EngineNotEager(Refusal):
@@ -49,8 +42,8 @@ def _owner(cls: type, name: str) -> type | None:
     return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
 
 
-def _set_up(runner: Any, base: type) -> None:
-    cfg = _context().config
+def _set_up(runner: Any, base: type, ctx: PatchContext) -> None:
+    cfg = ctx.config
     if cfg is None:
         return
     state = VllmRunner(runner, cfg)
@@ -83,38 +76,10 @@ def _set_up(runner: Any, base: type) -> None:
     state.drive_config = cfg.generate_config
 
 
-def _init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    result = wrapped(*args, **kwargs)
-    # EngineNotEager (MSPROBE_HOOKS_STRICT=1) is a Refusal: it passes the guard and stops the engine.
-    _context().guarded("setting up the runner's dispatch log and dumps", _set_up_runner, instance)
-    return result
-
-
-def _set_up_runner(runner: Any) -> None:
-    replaced = _install(_runner_class)
-    if replaced:
-        logger().info("re-applied %s to %s, replaced since import", _context().name, ", ".join(replaced))
-    _set_up(runner, _runner_class)
-
-
-def _update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    state = state_of(instance)
-    if state is None or state.depth:
-        return wrapped(*args, **kwargs)
-    state.depth += 1
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        state.depth -= 1
-    _context().guarded("recording the step's requests", _record_step, instance, state, args, kwargs)
-    return result
-
-
-def _record_step(runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> None:
+def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple, kwargs: dict) -> None:
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
-    ctx = _context()
     if ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
         ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
     if state.routing is not None:
@@ -132,42 +97,9 @@ def _ends_steps(state: VllmRunner | None) -> TypeGuard[VllmRunner]:
     return state is not None and (state.drive_config is not None or state.routing is not None)
 
 
-def _end_step(state: VllmRunner) -> None:
-    ctx = _context()
+def _end_step(ctx: PatchContext, state: VllmRunner) -> None:
     ctx.guarded("ending the step's dump", state.finish)
     ctx.guarded("writing the step's routed experts", state.end_routing)
-
-
-def _execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    state = state_of(instance)
-    if not _ends_steps(state):
-        return wrapped(*args, **kwargs)
-    try:
-        result = wrapped(*args, **kwargs)
-    except BaseException:
-        _end_step(state)
-        raise
-    if result is not None:  # output now (0.11.0, pooling, PP), else sample_tokens() ends the step
-        _end_step(state)
-    return result
-
-
-def _sample_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    state = state_of(instance)
-    if not _ends_steps(state):
-        return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _end_step(state)
-
-
-WRAPPERS: dict[str, Callable[..., Any]] = {
-    "__init__": _init,
-    "_update_states": _update_states,
-    "execute_model": _execute_model,
-    "sample_tokens": _sample_tokens,  # 0.11.1+
-}
 
 
 # What only the end of a step needs (a dump driven, routers recorded): without MSPROBE_GENERATE_CONFIG or
@@ -175,27 +107,79 @@ WRAPPERS: dict[str, Callable[..., Any]] = {
 DUMP_WRAPPERS = frozenset({"execute_model", "sample_tokens"})
 
 
-def _install(cls: type) -> list[str]:
-    """Wrap every method (that this configuration needs) not, or no longer, wrapped; the names newly wrapped."""
-    ctx = _context()
-    dumps = ctx.config is not None and (bool(ctx.config.generate_config) or ctx.config.routing)
-    wrapped = []
-    for name, wrapper in WRAPPERS.items():
-        if name not in vars(cls) or (name in DUMP_WRAPPERS and not dumps):
-            continue
-        if not ctx.is_wrapped(cls, name):
-            ctx.wrap(cls, name, wrapper)
-            wrapped.append(f"{cls.__qualname__}.{name}")
-    return wrapped
-
-
 def is_applied(module: Any) -> bool:
-    return _ctx is not None and _ctx.active and _ctx.is_wrapped(module.GPUModelRunner, "__init__")
+    """Whether this patch wraps ``module.GPUModelRunner`` now (the vLLM-Ascend patch needs it)."""
+    return is_ours(vars(module.GPUModelRunner).get("__init__"), VLLM_MODEL_RUNNER.name)
 
 
 def patch(module: Any, ctx: PatchContext) -> None:
-    global _runner_class, _ctx
     if ctx.config is None:
         raise TargetChanged("msprobe-hooks is not active in this process")
-    _runner_class, _ctx = module.GPUModelRunner, ctx
-    _install(module.GPUModelRunner)
+    runner_class = module.GPUModelRunner
+
+    def init(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        result = wrapped(*args, **kwargs)
+        # EngineNotEager (MSPROBE_HOOKS_STRICT=1) is a Refusal: it passes the guard and stops the engine.
+        ctx.guarded("setting up the runner's dispatch log and dumps", set_up_runner, instance)
+        return result
+
+    def set_up_runner(runner: Any) -> None:
+        replaced = install()
+        if replaced:
+            logger().info("re-applied %s to %s, replaced since import", ctx.name, ", ".join(replaced))
+        _set_up(runner, runner_class, ctx)
+
+    def update_states(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = state_of(instance)
+        if state is None or state.depth:
+            return wrapped(*args, **kwargs)
+        state.depth += 1
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            state.depth -= 1
+        ctx.guarded("recording the step's requests", _record_step, ctx, instance, state, args, kwargs)
+        return result
+
+    def execute_model(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = state_of(instance)
+        if not _ends_steps(state):
+            return wrapped(*args, **kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException:
+            _end_step(ctx, state)
+            raise
+        if result is not None:  # output now (0.11.0, pooling, PP), else sample_tokens() ends the step
+            _end_step(ctx, state)
+        return result
+
+    def sample_tokens(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        state = state_of(instance)
+        if not _ends_steps(state):
+            return wrapped(*args, **kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            _end_step(ctx, state)
+
+    wrappers: dict[str, Callable[..., Any]] = {
+        "__init__": init,
+        "_update_states": update_states,
+        "execute_model": execute_model,
+        "sample_tokens": sample_tokens,  # 0.11.1+
+    }
+    dumps = bool(ctx.config.generate_config) or ctx.config.routing
+
+    def install() -> list[str]:
+        """Wrap every method (that this configuration needs) not, or no longer, wrapped; the names newly wrapped."""
+        wrapped = []
+        for name, wrapper in wrappers.items():
+            if name not in vars(runner_class) or (name in DUMP_WRAPPERS and not dumps):
+                continue
+            if not ctx.is_wrapped(runner_class, name):
+                ctx.wrap(runner_class, name, wrapper)
+                wrapped.append(f"{runner_class.__qualname__}.{name}")
+        return wrapped
+
+    install()

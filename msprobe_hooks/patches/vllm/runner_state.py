@@ -83,7 +83,8 @@ class VllmRunner(RunnerLog):
         rank: int | None = None,
     ) -> None:
         super().write(step, dumped, requests, forward_mode, rank)
-        self.last_line = (step, dumped, list(requests))
+        if self.routing is not None:  # only end_routing() reads it: no copy of the rows at every step otherwise
+            self.last_line = (step, dumped, list(requests))
 
     # --- the routers' choices (MSPROBE_HOOKS_ROUTING) -------------------------------------------
 

@@ -13,11 +13,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __all__ = ["PatchStatus", "__version__", "activate", "current_config", "deactivate", "status"]
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the package's import stays empty
-if TYPE_CHECKING:  # what the names handed on are, for the type checker
-    from msprobe_hooks.bootstrap import activate, current_config, deactivate
-    from msprobe_hooks.patching import PatchStatus, status
-
 _HANDED_ON = {
     "activate": "bootstrap",
     "current_config": "bootstrap",

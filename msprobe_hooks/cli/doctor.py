@@ -41,9 +41,7 @@ def _sitecustomize_files(path: list[str]) -> list[str]:
 
 def probe() -> dict[str, object]:
     """What a (child) process says about itself; top level so that spawn can pickle it."""
-    import msprobe_hooks
-
-    return {"pid": os.getpid(), "active": msprobe_hooks.current_config() is not None}
+    return {"pid": os.getpid(), "active": current_config() is not None}
 
 
 def _probe_in_pipe(conn) -> None:  # multiprocessing target

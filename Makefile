@@ -3,9 +3,9 @@
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
 #   make demo-moe   the same loop on a tiny Qwen3-MoE, the routers' choices compared: a router fault named as
 #               routing (examples/demo_moe.sh)
-#   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint and run the whole test suite
-#               (what .ci/run calls)
-#   make test-fast   lint and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
+#   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint, type-check and run the
+#               whole test suite (what .ci/run calls)
+#   make test-fast   lint, type-check and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
 #   make dist   the wheel to carry into a cluster's container (dist/)
 #   make install-megatron   megatron-core and mbridge into .venv, for verl's real Megatron engine (make test does)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
@@ -107,12 +107,14 @@ chromium:
 test: install install-megatron install-vllm install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The in-process tier (markers in pyproject.toml): no engine, no fresh interpreter; analysis on tests/golden.
 test-fast: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -m "not engine and not interpreter"
 
 # The wheel to carry into a cluster's container: pip install dist/msprobe_hooks-*.whl

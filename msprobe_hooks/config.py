@@ -538,7 +538,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     problems += _conflicts(values, env)
     if problems:
         raise ConfigError(problems)
-    return Config(**values, unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))))  # type: ignore[arg-type]
+    return Config(**values, unknown_names=tuple(sorted(n for n in env if _reported_unknown(n))))
 
 
 def _conflicts(values: dict[str, object], env: Mapping[str, str]) -> list[str]:

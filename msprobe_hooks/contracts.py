@@ -20,7 +20,8 @@ from msprobe_hooks.record import Record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 if TYPE_CHECKING:  # ast and inspect are imported where used: activation must stay cheap
     import ast
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any
 
 
 class Method(Record):
@@ -109,10 +110,10 @@ def module_version(module: str) -> str | None:
     return provider.version if provider else None
 
 
-_scanned: dict[tuple[str, ...], dict[str, list[str]]] = {}
+_scanned: dict[tuple[str, ...], Mapping[str, list[str]]] = {}
 
 
-def _providers(path: tuple[str, ...]) -> dict[str, list[str]]:
+def _providers(path: tuple[str, ...]) -> Mapping[str, list[str]]:
     # Keyed on sys.path: a scan (~0.2 s with vLLM's 170 distributions) answers for the path it read.
     # (A dict, not functools.lru_cache: functools is not imported at activation.)
     if path not in _scanned:
@@ -152,13 +153,16 @@ def _resolve(module_name: str, qualname: str) -> object:
     return obj
 
 
-def _parameter_names(func: object) -> list[str]:
+def _parameter_names(target: object) -> list[str]:
     import inspect
+    from typing import cast
 
-    func = inspect.unwrap(func)  # type: ignore[arg-type]
+    # unwrap follows __wrapped__ on any object, not only a Callable: a staticmethod or classmethod read from a
+    # class's __dict__ is not one, and unwrap takes it to its function
+    func = inspect.unwrap(cast("Callable[..., Any]", target))
     if isinstance(func, (staticmethod, classmethod)):
         func = func.__func__
-    params = inspect.signature(func, follow_wrapped=False).parameters.values()  # type: ignore[arg-type]
+    params = inspect.signature(func, follow_wrapped=False).parameters.values()
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
@@ -241,11 +245,11 @@ def _attributes(cls: ast.ClassDef) -> list[str]:
             names.add(node.target.id)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets = [node.target]
+    for descendant in ast.walk(cls):
+        if isinstance(descendant, ast.Assign):
+            targets = descendant.targets
+        elif isinstance(descendant, (ast.AnnAssign, ast.AugAssign)):
+            targets = [descendant.target]
         else:
             continue
         for target in targets:

@@ -15,6 +15,7 @@ import sys
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activation stays light
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from importlib.abc import Loader
     from types import ModuleType
     from typing import Any
 
@@ -83,5 +84,8 @@ class _HookFinder:  # duck-typed: importlib.abc alone costs ~8 ms to import
             setattr(self._busy, fullname, False)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _ChainedLoader(spec.loader)
+        from typing import cast  # here: only a hooked module's import gets this far
+
+        # duck-typed, not an importlib.abc.Loader: that module alone costs ~8 ms to import
+        spec.loader = cast("Loader", _ChainedLoader(spec.loader))
         return spec

@@ -43,9 +43,10 @@ def current_pid() -> int:
     return _pid
 
 
-def encode(record: dict[str, Any]) -> str:
-    """One record as the compact JSON every log line uses (non-ASCII kept, unknown types as ``str``)."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
+def encode(value: object) -> str:
+    """A record (or one field's value) as the compact JSON every log line uses (non-ASCII kept, unknown types
+    as ``str``)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 class JsonlLog:

@@ -34,7 +34,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: activati
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import ModuleType
-    from typing import Any
+    from typing import Any, TypeGuard
+
+    import wrapt
 
 WAITING, APPLIED, SKIPPED, FAILED = "waiting", "applied", "skipped", "failed"
 _MARK = "_self_msprobe_hooks_patch"
@@ -341,7 +343,7 @@ def unpatch_all() -> None:
         _status.clear()
 
 
-def is_ours(obj: Any, patch_name: str) -> bool:
+def is_ours(obj: object, patch_name: str) -> TypeGuard[wrapt.FunctionWrapper[..., Any]]:
     wrapt = sys.modules.get("wrapt")  # nothing can be our wrapper before wrapt is imported
     return wrapt is not None and isinstance(obj, wrapt.FunctionWrapper) and getattr(obj, _MARK, None) == patch_name
 

@@ -39,7 +39,7 @@ def _chain():
     ours = [i for i, entry in enumerate(sys.path) if os.path.abspath(entry or os.curdir) == here]
     if not ours:
         return
-    me = sys.modules.pop("sitecustomize", None)
+    me = sys.modules.pop("sitecustomize")  # this module: Python's site imported it under that name
     sys.modules["msprobe_hooks_shim"] = me
     for i in reversed(ours):
         del sys.path[i]

@@ -163,8 +163,8 @@ class ModuleRow:
     ``error`` the number the verdict is taken on; None where the status has no such value.
     """
 
-    pair: int | None = None
-    order: int | None = None
+    pair: int | None  # None until the pair's rows are put together (compare sets it)
+    order: int
     layer: int | None = None
     module: str | None = None
     io: str | None = None

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks import contracts, patching
@@ -23,6 +24,9 @@ from msprobe_hooks.cli.launch import shim_dir
 from msprobe_hooks.debugger import MSPROBE_DISTRIBUTION, MSPROBE_MODULE, MSPROBE_SUPPORTED
 from msprobe_hooks.patches import all_patches
 from msprobe_hooks.registry import Patch
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, SpawnContext
 
 
 def _sitecustomize_files(path: list[str]) -> list[str]:
@@ -37,9 +41,7 @@ def _sitecustomize_files(path: list[str]) -> list[str]:
 
 def probe() -> dict[str, object]:
     """What a (child) process says about itself; top level so that spawn can pickle it."""
-    import msprobe_hooks
-
-    return {"pid": os.getpid(), "active": msprobe_hooks.current_config() is not None}
+    return {"pid": os.getpid(), "active": current_config() is not None}
 
 
 def _probe_in_pipe(conn) -> None:  # multiprocessing target
@@ -47,8 +49,7 @@ def _probe_in_pipe(conn) -> None:  # multiprocessing target
     conn.close()
 
 
-def _child_check(method: str) -> dict[str, object]:
-    context = multiprocessing.get_context(method)
+def _child_check(context: SpawnContext | ForkContext) -> dict[str, object]:
     parent, child = context.Pipe(duplex=False)
     process = context.Process(target=_probe_in_pipe, args=(child,))
     process.start()
@@ -82,8 +83,8 @@ def _ray_check() -> dict[str, object]:
 
 
 SPAWN_CHECKS: dict[str, Callable[[], dict[str, object]]] = {
-    "spawn": lambda: _child_check("spawn"),
-    "fork": lambda: _child_check("fork"),
+    "spawn": lambda: _child_check(multiprocessing.get_context("spawn")),
+    "fork": lambda: _child_check(multiprocessing.get_context("fork")),
     "subprocess": _subprocess_check,
     "ray task": _ray_check,
 }

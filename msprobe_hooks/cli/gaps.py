@@ -28,6 +28,11 @@ def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
 
 
+def _largest_gap_first(line: dict[str, object]) -> float:
+    gap = line.get("max")
+    return -(gap if isinstance(gap, (int, float)) else -1)
+
+
 def run(args: argparse.Namespace) -> int:
     from msprobe_hooks.analysis import layout
     from msprobe_hooks.analysis.answer.symptom import gap_lines
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             "log-probs: rollout.calculate_log_probs=True)"
         )
     lines = [line for line in gap_lines(logs) if args.global_step in (None, line.get("global_step"))]
-    ranked = sorted(lines, key=lambda line: -(line.get("max") if isinstance(line.get("max"), (int, float)) else -1))
+    ranked = sorted(lines, key=_largest_gap_first)
     shown = ranked[: args.top]
     print(f"{len(lines)} samples in {len(logs)} gap logs; the {len(shown)} with the largest gap:")
     table = [COLUMNS, *[tuple(_cell(line.get(name)) for name in COLUMNS) for line in shown]]

@@ -22,7 +22,7 @@ def load_extra(refs: Iterable[str]) -> list[Patch]:
         value = import_module(module_name)
         for part in attribute.split("."):
             value = getattr(value, part)
-        records = [value] if isinstance(value, Patch) else list(value)  # type: ignore[call-overload]
+        records = [value] if isinstance(value, Patch) else list(value)
         for record in records:
             if not isinstance(record, Patch):
                 raise TypeError(f"{ref} holds {type(record).__name__}, not msprobe_hooks.registry.Patch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from msprobe_hooks.config import Config
 from msprobe_hooks.contracts import module_version
@@ -43,7 +43,7 @@ def rollout_backend(config: DictConfig, explicit: str | None = None) -> str:
     return str(name)
 
 
-def is_ppo_config(config: object) -> bool:
+def is_ppo_config(config: object) -> TypeGuard[DictConfig]:
     """Whether ``config`` looks like a verl PPO config (the SFT and eval entry points share the device hook)."""
     from omegaconf import DictConfig, OmegaConf
 

@@ -153,7 +153,11 @@ def hydra_main_arguments(entry_file: str) -> tuple[str | None, str | None]:
                 values = dict(zip(("config_path", "config_name"), decorator.args, strict=False))
                 values.update({kw.arg: kw.value for kw in decorator.keywords if kw.arg})
                 found = [values.get(key) for key in ("config_path", "config_name")]
-                return tuple(v.value if isinstance(v, ast.Constant) else None for v in found)  # type: ignore[return-value]
+                # a literal string, or None (hydra's default, or a value that is not a literal)
+                path, name = (
+                    v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else None for v in found
+                )
+                return path, name
     raise ConfigSourceError(f"{entry_file} has no @hydra.main entry point")
 
 

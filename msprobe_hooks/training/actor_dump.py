@@ -191,10 +191,12 @@ class ActorDumper:
         """The pass's phase, whether it is due, and whether it is an actor's."""
         forward_only = patching.argument(args, kwargs, "forward_only", 2, False)
         phase = config_module.LOG_PROB if forward_only else config_module.UPDATE_ACTOR
+        if cfg is None:
+            return phase, False, False
+        selected = cfg.phase_selected(phase)
         # Whether it is an actor's matters to a pass of the selected phase, and to every log-prob pass (the gap).
-        wanted = cfg is not None and (cfg.phase_selected(phase) or phase == config_module.LOG_PROB)
-        actor = bool(wanted and dumpable(engine))
-        due = actor and cfg.phase_selected(phase)
+        actor = (selected or phase == config_module.LOG_PROB) and bool(dumpable(engine))
+        due = actor and selected
         if due and refuse is not None:
             refuse(engine, phase, patching.argument(args, kwargs, "data", 0))
         return phase, due, actor
@@ -265,8 +267,11 @@ class ActorDumper:
         log-prob pass, or once its backward has run in an update."""
         loss = result[0] if isinstance(result, tuple) and result else None
         window = self._window
-        waits = window is not None and phase != config_module.LOG_PROB
-        if not (waits and window.patch.guarded("waiting for the backward", self.close_after_backward, loss)):
+        if (
+            window is None
+            or phase == config_module.LOG_PROB
+            or not window.patch.guarded("waiting for the backward", self.close_after_backward, loss)
+        ):
             self.close()
 
     def close_after_backward(self, loss: Any) -> bool:
@@ -413,7 +418,7 @@ def extra_forward_kinds(cfg: config_module.Config, prompts_only_mode: str, micro
     """The extra forwards a log-prob micro-batch gets, in order: none when the trainer trimmed it."""
     from msprobe_hooks.training import prompts_only
 
-    kinds = (PROMPT,) if prompts_only_mode == prompts_only.FORWARD else ()
+    kinds: tuple[str, ...] = (PROMPT,) if prompts_only_mode == prompts_only.FORWARD else ()
     if cfg.dump_sequences:
         kinds += (SEQUENCE,)
     return kinds if kinds and not is_trimmed(micro_batch) else ()

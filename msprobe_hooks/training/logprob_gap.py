@@ -109,7 +109,11 @@ def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], thre
     # Built on the log-probs' device: on the host, torch would wake its thread pool for these few numbers.
     device = values.device
     starts = [sum(response_lens[:i]) for i in range(len(samples))]
-    shift = [s.offset + s.prompt_len - 1 - start for s, start in zip(samples, starts, strict=True)]
+    shift = []
+    for s, start in zip(samples, starts, strict=True):
+        if s.offset is None:  # describe_samples gives every sample of a packed micro-batch its offset
+            raise ValueError(f"sample {s.index} has no offset in the packed log-probs")
+        shift.append(s.offset + s.prompt_len - 1 - start)
     lengths = torch.tensor(response_lens, device=device)
     sample = torch.repeat_interleave(torch.arange(len(samples), device=device), lengths, output_size=tokens)
     flat = torch.arange(tokens, device=device)

@@ -9,10 +9,13 @@ verl at import time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from msprobe_hooks import join_keys
 from msprobe_hooks.training.request_ids import ALL_REQUEST_IDS, REQUEST_ID
+
+if TYPE_CHECKING:
+    from torch.nested._internal.nested_tensor import NestedTensor
 
 PADDING_UID_PREFIX = "pad"  # verl's trainer/ppo/padding_utils.py names its filler samples "pad<hex>"
 
@@ -201,7 +204,8 @@ def _one_row(piece: Any, like: Any) -> Any:
         return build([piece], ragged_idx=getattr(like, "_ragged_idx", piece.dim()))
     nested = torch.nested.as_nested_tensor([piece], layout=torch.jagged)
     if piece.dim() > 1:  # as verl 0.7 marks 3-D position ids (maybe_fix_3d_position_ids)
-        nested._ragged_idx = piece.dim()
+        # as_nested_tensor is typed as returning a Tensor; with the jagged layout it is a NestedTensor
+        cast("NestedTensor", nested)._ragged_idx = piece.dim()
     return nested
 
 

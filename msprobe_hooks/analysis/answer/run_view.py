@@ -127,7 +127,7 @@ def run_verdict(views: Sequence[StepView]) -> str:
     clean = [v for v in compared if v.verdict is Verdict.NO_DIVERGENCE and _before(v, first)]
     r = first.first
     return (
-        f"run: global step {first.global_step} is the first to diverge, at {r.first_module} {r.first_io} "  # type: ignore[union-attr]
+        f"run: global step {first.global_step} is the first to diverge, at {r.first_module} {r.first_io} "
         f"({first.diverging} of {first.pairs} pairs; {len(clean)} steps before it clean)"
     )
 

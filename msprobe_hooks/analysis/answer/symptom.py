@@ -74,9 +74,9 @@ def causes(results: Sequence[PairResult], gaps: dict[tuple[str, object], dict[st
         sample.gap = {name: line.get(name) for name in GAP_FIELDS}
     for sample in samples.values():
         sample.decode.sort(key=lambda r: (r.token_index is None, r.token_index))
-    gap_max = [s.gap.get("max") for s in samples.values()]
-    if all(isinstance(g, (int, float)) for g in gap_max):
-        return sorted(samples.values(), key=lambda s: -float(s.gap["max"]))  # type: ignore[arg-type]
+    by_gap = [(gap, s) for s in samples.values() if isinstance(gap := s.gap.get("max"), (int, float))]
+    if len(by_gap) == len(samples):  # every sample has its gap: the largest first
+        return [s for _, s in sorted(by_gap, key=lambda pair: -float(pair[0]))]
     return list(samples.values())
 
 
@@ -89,9 +89,9 @@ def path_verdict(samples: Sequence[SampleCause]) -> str:
     if not compared:
         return "where: not found (no pair of these samples could be compared)"
     if prefill:
-        first = min(prefill, key=lambda s: s.prefill.first_order)  # type: ignore[union-attr]
+        first = min(prefill, key=lambda s: s.prefill.first_order)
         return (
-            f"where: {CausePath.PREFILL}: {first.prefill.first_module} {first.prefill.first_io} diverges at the prompt "  # type: ignore[union-attr]
+            f"where: {CausePath.PREFILL}: {first.prefill.first_module} {first.prefill.first_io} diverges at the prompt "
             f"({len(prefill)} of {len(compared)} samples), so every response token inherits it"
         )
     if decode:

@@ -56,8 +56,9 @@ def unit_roundoff(*dtypes: str | None) -> float:
     return max(known, default=UNIT_ROUNDOFF["torch.float32"])
 
 
-def _compared(rows: Sequence[ModuleRow]) -> list[ModuleRow]:
-    return [r for r in rows if r.status is Status.COMPARED and r.error is not None]
+def _compared(rows: Sequence[ModuleRow]) -> list[tuple[ModuleRow, float]]:
+    """The compared rows, each with its error."""
+    return [(r, r.error) for r in rows if r.status is Status.COMPARED and r.error is not None]
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,14 @@ class FixedRule:
 
     def apply(self, result: PairResult, rows: Sequence[ModuleRow], named: Finding | None) -> Finding | None:
         fixed = None
-        for row in _compared(rows):
-            row.diverges = row.error > self.threshold
+        for row, error in _compared(rows):
+            row.diverges = error > self.threshold
             if row.diverges and fixed is None:
                 fixed = row
         if fixed is None:
             return named
-        result.threshold_module, result.threshold_io, result.threshold_error = fixed.module, fixed.io, fixed.error
+        result.threshold_module, result.threshold_io = fixed.module or "", fixed.io or ""
+        result.threshold_error = fixed.error
         return named or Finding.of_row(FirstRule.THRESHOLD, fixed)
 
 
@@ -131,23 +133,23 @@ class StepRule:
     def floor(self, row: ModuleRow) -> float:
         return max(self.minimum, self.units * unit_roundoff(row.train_dtype, row.generate_dtype))
 
-    def steps(self, rows: Sequence[ModuleRow]) -> list[tuple[ModuleRow, bool]]:
-        """Each compared row, in order, and whether it steps up."""
+    def steps(self, rows: Sequence[ModuleRow]) -> list[tuple[ModuleRow, float, bool]]:
+        """Each compared row, in order, its error, and whether it steps up."""
         out, largest = [], 0.0
-        for row in _compared(rows):
-            out.append((row, row.error > max(self.floor(row), self.factor * largest)))
-            largest = max(largest, row.error)
+        for row, error in _compared(rows):
+            out.append((row, error, error > max(self.floor(row), self.factor * largest)))
+            largest = max(largest, error)
         return out
 
     def apply(self, result: PairResult, rows: Sequence[ModuleRow], named: Finding | None) -> Finding | None:
         """Each compared row's ``steps_up`` flag; the first step names the first divergence where no rule before
         this one did (``PairResult.first_before``: the largest error before it)."""
         stepped, before = None, 0.0
-        for row, up in self.steps(rows):
+        for row, error, up in self.steps(rows):
             row.steps_up = up
             if up and stepped is None:
                 stepped, result.first_before = row, before
-            before = max(before, row.error)
+            before = max(before, error)
         return named or (Finding.of_row(FirstRule.STEP, stepped) if stepped is not None else None)
 
 
@@ -186,7 +188,7 @@ class RoutingRule:
             self.noise(layer, rows)
         first = next((r for r in compared if r.beyond_noise), None)
         noisy = {r.layer: r for r in compared if r.flipped and not r.beyond_noise}
-        if named is not None and (first is None or first.layer > (named.layer or 0)):
+        if named is not None and (first is None or (first.layer or 0) > (named.layer or 0)):
             flipped = noisy.get(named.layer)
             router_output = _row(rows, flipped.router, "output") if flipped is not None else None
             if router_output is not None and named.order >= router_output.order:

@@ -115,22 +115,25 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
             dumped = f"{raw}.{mapped.label}"
             shape = _shape_text(mapped.tensor.get("shape") or ())
             reason = mapped.reason
-            # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
-            kept = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name")) if not reason else None
-            for index, (module, io) in enumerate(mapped.keys if not reason else ()):
-                held = _held(tensors, (module, io, name.call), index > 0, order, mapped.part)
-                if held is not None:
-                    held.parts[mapped.part] = kept
-                elif index == 0:
-                    first = tensors[(module, io, name.call)].name
-                    reason = f"a second tensor for the same key ({module} {io}; first: {first})"
-            if mapped.last_layer_output and not mapped.reason:
-                held = _held(last_layer, name.call, True, order, mapped.part)
-                if held is not None:
-                    held.parts[mapped.part] = kept
+            if not reason:
+                # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
+                kept = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name"))
+                for index, (module, io) in enumerate(mapped.keys):
+                    held = _held(tensors, (module, io, name.call), index > 0, order, mapped.part)
+                    if held is not None:
+                        held.parts[mapped.part] = kept
+                    elif index == 0:
+                        first = tensors[(module, io, name.call)].name
+                        reason = f"a second tensor for the same key ({module} {io}; first: {first})"
+                if mapped.last_layer_output:
+                    held = _held(last_layer, name.call, True, order, mapped.part)
+                    if held is not None:
+                        held.parts[mapped.part] = kept
             if reason:
                 layer = names.layer_of(table.canonical(name)[0])
-                skipped.append(ModuleRow(order=order, layer=layer, train_name=dumped, reason=reason, train_shape=shape))
+                skipped.append(
+                    ModuleRow(pair=None, order=order, layer=layer, train_name=dumped, reason=reason, train_shape=shape)
+                )
     if layers:  # a model without decoder layers has no last layer's output to compare
         for call, held in last_layer.items():
             tensors.setdefault((f"layers.{max(layers)}", "output", call), held)
@@ -153,7 +156,7 @@ def _fused_tensor(side: Side, held: SideTensor) -> Any:
     files = [_tensor_file(side, data_name) for _, _, data_name in held.in_order()]
     if any(f is None for f in files):
         return None
-    loaded = [_load(f) for f in files]  # type: ignore[arg-type]
+    loaded = [_load(f) for f in files]
     if len(loaded) == 1:
         return loaded[0]
     import torch
@@ -213,7 +216,7 @@ def _made_whole(generate: Side, key: tuple[str, str, int], table: names.NameMap)
         found, why = _stats(tensor, module, table) if tensor is not None else (None, "not dumped")
         if found is None:
             return None, f"a tensor-parallel shard; rank {rank}'s: {why}"
-        held.append((side, tensor))  # type: ignore[arg-type]
+        held.append((side, tensor))
         stats.append(found)
     try:
         whole = whole_stats(stats, sharding.dim)
@@ -264,6 +267,7 @@ def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[Mod
     stage_start = _stage_start(generate, train.layer_offset)
     for (module, io, call), t_held, g_held, order in joined:
         row = ModuleRow(
+            pair=None,
             order=order,
             module=module if call == 0 else f"{module}#{call}",
             io=io,
@@ -293,18 +297,18 @@ def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[Mod
             _compare_rows(row, train, t_held, generate, g_held)
             continue
         whole = None
-        if not why and t_stats.numel != g_stats.numel:  # type: ignore[union-attr]
+        if not why and t_stats.numel != g_stats.numel:
             # An inference slice of a whole training tensor: made whole from every rank (a training slice of a
             # whole inference tensor, Megatron TP against a TP 1 engine, is not).
-            if g_stats.numel < t_stats.numel:  # type: ignore[union-attr]
+            if g_stats.numel < t_stats.numel:
                 whole, why = _made_whole(generate, (module, io, call), table)
-            if whole is not None and whole.stats.numel == t_stats.numel:  # type: ignore[union-attr]
+            if whole is not None and whole.stats.numel == t_stats.numel:
                 g_stats, row.generate_name = whole.stats, whole.name
                 row.generate_shape, row.generate_dtype = _shape_text(g_stats.shape), g_stats.dtype
             elif whole is not None:
                 why = (
                     f"tensor-parallel shards made whole hold {whole.stats.numel} elements, the training side "
-                    f"{t_stats.numel}: KV heads copied onto several ranks (TP > KV heads)?"  # type: ignore[union-attr]
+                    f"{t_stats.numel}: KV heads copied onto several ranks (TP > KV heads)?"
                 )
                 whole = None
             elif why is None:
@@ -315,7 +319,7 @@ def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[Mod
         if why:
             row.status, row.reason = Status.NOT_COMPARABLE, why
             continue
-        errors = statistic_errors(t_stats, g_stats)  # type: ignore[arg-type]
+        errors = statistic_errors(t_stats, g_stats)
         row.max_rel, row.min_rel, row.norm_rel, row.mean_rel = (errors[s] for s in ("max", "min", "norm", "mean"))
         row.error = thresholded_error(errors)
         t_tensor = _fused_tensor(train, t_held) if Mode.TENSOR in (train.task, generate.task) else None

@@ -129,7 +129,9 @@ class NameMap:
         self._by_last = by_last
         self._found: dict[tuple[str, str], tuple[Rule, int | None, int | None] | None] = {}
         self._fused = [(_compile(rule.module.split(".")), len(rule.parts)) for rule in self.rules if rule.parts]
-        self._parallel = [(_compile(rule.module.split(".")), rule) for rule in self.rules if rule.parallel]
+        self._parallel = [
+            (_compile(rule.module.split(".")), rule, rule.parallel) for rule in self.rules if rule.parallel
+        ]
 
     def lookup(self, path: str, cls: str) -> tuple[Rule, int | None, int | None] | None:
         """(rule, part, layer) of the first rule covering ``path`` (a module of class ``cls``), or None."""
@@ -166,9 +168,9 @@ class NameMap:
 
     def sharding(self, module: str, io: str) -> Sharding | None:
         """How a tensor-parallel engine splits tensor ``io`` (input|output) of canonical ``module``; None: whole."""
-        for regex, rule in self._parallel:
+        for regex, rule, parallel in self._parallel:
             if regex.fullmatch(module):
-                split = io in PARALLEL[rule.parallel]  # type: ignore[index]
+                split = io in PARALLEL[parallel]
                 return Sharding(rule.shard_dim, len(rule.parts) if io == "output" else 0) if split else None
         return None
 

@@ -229,4 +229,4 @@ def compare(
     compared = [r for r in layers if r.status is Status.COMPARED]
     if compared:
         result.routing_layers = len(compared)
-        result.routing_flipped = sum(r.flipped for r in compared)
+        result.routing_flipped = sum(r.flipped or 0 for r in compared)  # a compared layer has its count

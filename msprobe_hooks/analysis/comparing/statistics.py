@@ -73,7 +73,8 @@ def fuse(parts: Sequence[Stats]) -> Stats:
     shape = (*rows, sum(flat_shape(p.shape)[-1] for p in parts)) if first.shape else ()
 
     def all_of(values: list[float | None]) -> list[float] | None:
-        return None if any(v is None for v in values) else values  # type: ignore[return-value]
+        present = [v for v in values if v is not None]
+        return present if len(present) == len(values) else None
 
     maxes = all_of([p.max for p in parts])
     mins = all_of([p.min for p in parts])
@@ -111,8 +112,8 @@ def statistic_errors(train: Stats, generate: Stats) -> dict[str, float | None]:
 
 def thresholded_error(errors: Mapping[str, float | None]) -> float | None:
     """The largest relative error among the thresholded statistics; None when none could be computed."""
-    values = [errors[name] for name in THRESHOLDED if errors.get(name) is not None]
-    return max(values) if values else None  # type: ignore[type-var]
+    values = [value for name in THRESHOLDED if (value := errors.get(name)) is not None]
+    return max(values) if values else None
 
 
 def tensor_errors(train: Any, generate: Any) -> dict[str, float]:

@@ -180,7 +180,10 @@ class CandidateIndex:
 
     def hash_ambiguous(self, dump: TrainDump, candidates: list[Candidate]) -> bool:
         """Whether the prompt hash points at more than one request, on either side (within a global step)."""
-        if len(self._train_identities.get((dump.prompt_hash, dump.global_step), ())) > 1:
+        if (
+            dump.prompt_hash is not None
+            and len(self._train_identities.get((dump.prompt_hash, dump.global_step), ())) > 1
+        ):
             return True
         ids = {c.row.base for c in candidates if c.row.base is not None}
         if ids and (dump.request_base is not None or len(ids) > 1):

@@ -138,7 +138,7 @@ class SglangRunner(RunnerLog):
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
         window = StepWindow(_steps.take(self.debugger), requests=rows, forward_mode=mode)
-        if self.own and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
+        if self.own and self.debugger is not None and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.
             self.debugger.start(model=model, rank_id=self.rank_id)
             window.started = True
@@ -173,9 +173,9 @@ def _generate_root(cfg: config_module.Config) -> str:
     return cfg.generate_dump_root
 
 
-def _own_debugger(cfg: config_module.Config, root: str) -> Any | None:
+def _own_debugger(config_path: str, root: str) -> Any | None:
     try:
-        dbg = debugger.get_debugger(cfg.generate_config, os.path.join(root, str(os.getpid())))
+        dbg = debugger.get_debugger(config_path, os.path.join(root, str(os.getpid())))
     except debugger.DebuggerUnavailable as exc:
         log.error("SGLang forwards are not dumped: %s", exc)
         return None
@@ -224,7 +224,7 @@ def _setup(runner: Any, ctx: PatchContext) -> SglangRunner | None:
     ours = None
     rank_id = None
     if release_version < NATIVE_FROM and cfg.generate_config:
-        ours = _own_debugger(cfg, root)
+        ours = _own_debugger(cfg.generate_config, root)
         rank_id = runner.gpu_id if ours is not None and runner.dp_size is not None and runner.dp_size > 1 else None
     elif cfg.generate_config and not _warned_unused_config:
         _warned_unused_config = True
@@ -286,9 +286,9 @@ def forward_wrapper(ctx: PatchContext) -> Any:
 
     def forward(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         runner: SglangRunner | None = getattr(instance, _STATE_ATTR, None)
-        window = None
-        if runner is not None:
-            window = ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
+        if runner is None:
+            return wrapped(*args, **kwargs)
+        window = ctx.guarded("starting the forward's dump and log line", _begin, runner, instance, args, kwargs)
         try:
             return wrapped(*args, **kwargs)
         finally:

@@ -63,7 +63,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     from verl.utils.device import get_device_id
 
     mpu = getattr(module, "mpu", None)  # megatron.core.parallel_state, as the target imports it
-    if not callable(getattr(mpu, "is_pipeline_last_stage", None)):
+    if mpu is None or not callable(getattr(mpu, "is_pipeline_last_stage", None)):
         raise patching.TargetChanged(f"{module.__name__} no longer imports megatron.core.parallel_state as mpu")
     value_head = module.MegatronEngineWithValueHead
 

@@ -15,7 +15,7 @@ import logging
 from types import ModuleType
 
 from msprobe_hooks import preflight
-from msprobe_hooks.config import PREFLIGHT_WARN
+from msprobe_hooks.config import PREFLIGHT_WARN, Config
 from msprobe_hooks.patching import PatchContext, argument
 
 FUNCTION = "auto_set_device"
@@ -27,10 +27,10 @@ class PreflightFailed(RuntimeError):
     """The run breaks pairing constraints and MSPROBE_HOOKS_PREFLIGHT=error: stop before any rollout."""
 
 
-def _findings(config: object, settings: object) -> tuple[list, list[str]] | None:
+def _findings(config: object, settings: Config) -> tuple[list[preflight.Finding], list[str]] | None:
     if not preflight.is_ppo_config(config):
         return None  # SFT and eval entry points call auto_set_device too
-    findings = preflight.check(config, settings)  # type: ignore[arg-type]
+    findings = preflight.check(config, settings)
     return findings, preflight.report(findings, "verl config")
 
 

@@ -21,7 +21,7 @@ vLLM-Ascend's ``NPUModelRunner`` inherits:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from msprobe_hooks.config import read_msprobe_config
 from msprobe_hooks.inference.dispatch_log import open_log
@@ -92,7 +92,7 @@ def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple,
         state.start(runner, requests)
 
 
-def _ends_steps(state: VllmRunner | None) -> bool:
+def _ends_steps(state: VllmRunner | None) -> TypeGuard[VllmRunner]:
     """Whether this runner has something to do once a step is over: a dump it drives, routers it records."""
     return state is not None and (state.drive_config is not None or state.routing is not None)
 

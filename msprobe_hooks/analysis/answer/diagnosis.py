@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from msprobe_hooks.analysis.answer.run_view import StepView, token_gap
 from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.answer.verdict import UNIT_ROUNDOFF, StepRule, unit_roundoff
-from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, ModuleRow, PairKind, PairResult, Verdict
+from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, PairKind, PairResult, Verdict
 
 DIAGNOSIS_FILE = "diagnosis.json"
 SIDES = ("training", "rollout")
@@ -107,8 +107,7 @@ def _name(dtype: str | None) -> str:
 
 def floor(dtypes: tuple[str, str] | None, rule: StepRule = StepRule()) -> float:  # noqa: B008  (frozen)
     """The step rule's floor for rows of ``dtypes`` (training, inference): the one number every rule here uses."""
-    train, generate = dtypes or (None, None)
-    return rule.floor(ModuleRow(train_dtype=train, generate_dtype=generate))
+    return rule.floor_of(*(dtypes or ()))
 
 
 def _low_precision(dtypes: tuple[str, str]) -> bool:
@@ -127,9 +126,12 @@ def _first_first(r: PairResult) -> tuple[Any, ...]:
 class Found(Protocol):
     """What :func:`diagnose` reads of an :class:`.assemble.Answer` (which imports this module)."""
 
-    results: Sequence[PairResult]
-    samples: Sequence[SampleCause]
-    steps: Sequence[StepView]
+    @property
+    def results(self) -> Sequence[PairResult]: ...
+    @property
+    def samples(self) -> Sequence[SampleCause]: ...
+    @property
+    def steps(self) -> Sequence[StepView]: ...
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ class Facts:
     def dtype_share(self) -> float:
         """The share of compared floating rows in :attr:`dtypes`."""
         total = sum(self.dtype_counts.values())
-        return self.dtype_counts[self.dtypes] / total if total else 0.0  # type: ignore[index]
+        dtypes = self.dtypes
+        return self.dtype_counts[dtypes] / total if total and dtypes is not None else 0.0
 
     @property
     def floor(self) -> float:
@@ -190,7 +193,8 @@ class Facts:
 
     @functools.cached_property
     def largest(self) -> PairResult | None:
-        return max((r for r in self.compared if r.max_error is not None), key=lambda r: r.max_error, default=None)
+        measured = [(r.max_error, r) for r in self.compared if r.max_error is not None]
+        return max(measured, key=lambda found: found[0], default=(None, None))[1]
 
     @functools.cached_property
     def gap(self) -> dict[str, float]:
@@ -485,7 +489,7 @@ def _path(r: PairResult) -> DiagnosisPath:
 def _agree(facts: Facts) -> str:
     """The largest error, and that no row steps over the floor and twice the largest before it."""
     largest = facts.largest
-    if largest is None:
+    if largest is None or largest.max_error is None:
         return "no compared row"
     dtype = _name(max(facts.dtypes or ("",), key=lambda d: UNIT_ROUNDOFF.get(d, 0.0)))
     within = largest.max_error <= facts.floor
@@ -503,8 +507,8 @@ def _noise_flips(facts: Facts) -> list[str]:
     lines = []
     if flips:
         lines.append(
-            f"routing: {sum(x.within_noise for x in flips)} tokens change experts, all at top-k margins within the "
-            f"logits' noise ({flips[0].noise:.3g}): not a cause"
+            f"routing: {sum(x.within_noise or 0 for x in flips)} tokens change experts, all at top-k margins within "
+            f"the logits' noise ({flips[0].noise:.3g}): not a cause"
         )
     lines += [
         f"pair {r.pair} ({r.key}): {r.first_module} {r.first_io} steps up after tokens at layer "
@@ -547,7 +551,8 @@ def _not_recorded(facts: Facts) -> list[str]:
             lines.append(f"not recorded: {words} ({', '.join(missing)})")
     with_ids = [r for r in facts.compared if r.row_facts and r.row_facts.integer_rows]
     if facts.evidence.both("token_ids") is None and with_ids:
-        equal = sum(all(e == 0 for e in r.row_facts.integer_rows.values()) for r in with_ids)  # type: ignore[union-attr]
-        rows = sorted({row for r in with_ids for row in r.row_facts.integer_rows})  # type: ignore[union-attr]
+        integer_rows = [r.row_facts.integer_rows for r in with_ids if r.row_facts]
+        equal = sum(all(e == 0 for e in errors.values()) for errors in integer_rows)
+        rows = sorted({row for errors in integer_rows for row in errors})
         lines.append(f"token ids compared through {', '.join(rows)}: equal in {equal} of {len(with_ids)} pairs")
     return lines

@@ -131,7 +131,11 @@ class StepRule:
     minimum: float = 1e-4
 
     def floor(self, row: ModuleRow) -> float:
-        return max(self.minimum, self.units * unit_roundoff(row.train_dtype, row.generate_dtype))
+        return self.floor_of(row.train_dtype, row.generate_dtype)
+
+    def floor_of(self, *dtypes: str | None) -> float:
+        """The floor of rows of these (training, inference) dtypes."""
+        return max(self.minimum, self.units * unit_roundoff(*dtypes))
 
     def steps(self, rows: Sequence[ModuleRow]) -> list[tuple[ModuleRow, float, bool]]:
         """Each compared row, in order, its error, and whether it steps up."""

@@ -13,29 +13,26 @@ from msprobe_hooks.analysis.results import ModuleRow, RowFacts, Status
 
 
 def _floating(dtype: str | None) -> bool:
-    return bool(dtype) and "float" in dtype  # torch.float32, torch.bfloat16, torch.float8_e4m3fn, ...
+    return dtype is not None and "float" in dtype  # torch.float32, torch.bfloat16, torch.float8_e4m3fn, ...
 
 
 def _integer(dtype: str | None) -> bool:
-    return bool(dtype) and "int" in dtype  # torch.int64 (the training side's ids), torch.int32 (vLLM's)
+    return dtype is not None and "int" in dtype  # torch.int64 (the training side's ids), torch.int32 (vLLM's)
 
 
 def of_rows(rows: Sequence[ModuleRow]) -> RowFacts | None:
     """The :class:`RowFacts` of a pair's rows; None when no row was compared."""
-    compared = [r for r in rows if r.status is Status.COMPARED and r.error is not None]
+    # (name, error, training dtype, inference dtype) of each compared row: every one of them set there
+    compared = [
+        (f"{r.module} {r.io}", r.error, r.train_dtype, r.generate_dtype)
+        for r in rows
+        if r.status is Status.COMPARED and r.error is not None and r.train_dtype and r.generate_dtype
+    ]
     if not compared:
         return None
-    floating = [r for r in compared if _floating(r.train_dtype) and _floating(r.generate_dtype)]
-    facts = RowFacts(dtypes=dict(Counter((r.train_dtype, r.generate_dtype) for r in floating)))  # type: ignore[misc]
+    floating = [(name, (t, g)) for name, _, t, g in compared if _floating(t) and _floating(g)]
+    facts = RowFacts(dtypes=dict(Counter(dtypes for _, dtypes in floating)))
     common = facts.common
-    facts.other_dtypes = {
-        f"{r.module} {r.io}": (r.train_dtype, r.generate_dtype)  # type: ignore[misc]
-        for r in floating
-        if (r.train_dtype, r.generate_dtype) != common
-    }
-    facts.integer_rows = {
-        f"{r.module} {r.io}": r.error  # type: ignore[misc]
-        for r in compared
-        if _integer(r.train_dtype) and _integer(r.generate_dtype)
-    }
+    facts.other_dtypes = {name: dtypes for name, dtypes in floating if dtypes != common}
+    facts.integer_rows = {name: error for name, error, t, g in compared if _integer(t) and _integer(g)}
     return facts

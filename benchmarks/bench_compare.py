@@ -11,9 +11,9 @@ over 100 (the real pairs repeated), with ``--jobs 1`` and with the default (all 
 pair per call, so its cost per pair does not depend on how many there are). Also the time per pair in
 process (no start-up, no report), and the peak memory of reading one dump.json of ~100 and ~200 MB (a real
 inference dump with its layers repeated) against ``json.load``: the reader alone (flat in the dump's size), and
-compare's reading of a side (it keeps every module tensor's statistics, so it grows with the tensors: here, where
-only layers are repeated, with the size). Prints seconds, ratios and the load average; no
-pass/fail.
+compare's reading of a side (it keeps every tensor packed, ``comparing/side_tensors.py``, so it grows with the
+tensors: here, where only layers are repeated, with the size), with its bytes per tensor. Prints seconds, ratios
+and the load average; no pass/fail.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def _memory(template: str, folder: Path) -> None:
             "print(len(side.tensors), len(side.not_comparable))"
         )
         side = peak - base
+        per_tensor = side * 2**20 / (int(tensors) + int(rows))
         print(
             f"    {size:.0f} MB: json.load {whole:.0f} MB; the reader (dumpfile.entries) {reader:.0f} MB; compare's "
             f"read_side {side:.0f} MB ({side / whole:.2f}x json.load), holding {tensors} module tensors' statistics "
-            f"and {rows} not-comparable rows"
+            f"and {rows} not-comparable tensors ({per_tensor:.0f} bytes a tensor)"
         )
         path.unlink()
 

@@ -107,3 +107,26 @@ def test_compare_reads_a_side_through_the_streaming_reader(big_dump, guarded):
     side = compare.read_side(str(path), names.load())
     assert guarded and all(handle.given for handle in guarded)  # every read a chunk at most (the guard asserts)
     assert len(side.tensors) > 1000 and side.task
+
+
+# What read_side may hold per tensor of a dump (kept under a key or not comparable), peak included: packed, about 130
+# bytes (side_tensors.py; with the name map's remembered lookups warm, as between pairs). A row object per
+# not-comparable tensor (~330 bytes with its name: most tensors here are not comparable), a statistics object per kept
+# one (~350), a dumped-name string per tensor (~110) or a dict of parts per key (~230) each takes it past this.
+BYTES_PER_TENSOR = 200
+
+
+def test_compare_holds_a_side_packed_not_as_objects_per_tensor(big_dump, monkeypatch):
+    path, _ = big_dump
+    monkeypatch.setattr(dumpfile, "CHUNK", CHUNK)  # the reader's own buffer: a chunk, not a share of each tensor
+    table = names.load()
+    compare.read_side(str(path), table)  # the name map's lookups of these paths, remembered as between pairs
+    tracemalloc.start()
+    try:
+        side = compare.read_side(str(path), table)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    tensors = len(side.tensors) + len(side.not_comparable)
+    assert len(side.not_comparable) > 1000 and len(side.tensors) > 1000
+    assert peak / tensors < BYTES_PER_TENSOR, f"{peak} bytes at the peak reading {tensors} tensors"

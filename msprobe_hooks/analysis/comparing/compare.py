@@ -10,7 +10,6 @@ the relative error ``||a - b|| / ||b||``. Comparing measures only: the verdict i
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,13 @@ from typing import Any
 from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.comparing import facts, names, routing
 from msprobe_hooks.analysis.comparing.shards import ShardError, Sharding, whole_stats, whole_tensor
+from msprobe_hooks.analysis.comparing.side_tensors import (
+    DumpedNames,
+    KeptTensors,
+    NotComparable,
+    SideTensor,
+    SideTensors,
+)
 from msprobe_hooks.analysis.comparing.statistics import (
     Stats,
     flat_shape,
@@ -31,30 +37,13 @@ from msprobe_hooks.analysis.results import Mode, ModuleRow, PairKind, PairResult
 
 
 @dataclass
-class SideTensor:
-    """One canonical key on one side: a tensor, or the parts of a fused one."""
-
-    order: int
-    alias: bool
-    # part (None: not fused) -> (dumped name, its statistics, its tensor file's name in tensor mode)
-    parts: dict[int | None, tuple[str, Stats, str | None]] = field(default_factory=dict)
-
-    def in_order(self) -> list[tuple[str, Stats, str | None]]:
-        return [part for _, part in sorted(self.parts.items(), key=lambda kv: kv[0] or 0)]
-
-    @property
-    def name(self) -> str:
-        return " + ".join(name for name, _, _ in self.in_order())
-
-
-@dataclass
 class Side:
     """What one ``dump.json`` holds, keyed for comparison."""
 
     path: str
     task: str
-    tensors: dict[tuple[str, str, int], SideTensor]
-    not_comparable: list[ModuleRow]  # tensors with a reason instead of a key, filed under train_*
+    tensors: SideTensors[tuple[str, str, int]]
+    not_comparable: NotComparable  # tensors with a reason instead of a key
     api_rows: int
     tokens: int | None = None  # the token rows its forward held (its embedding input's element count)
     layer_offset: int = 0  # a pipeline stage's dump: its first layer is the model's layer layer_offset
@@ -63,25 +52,16 @@ class Side:
     routers: list[routing.RouterEntry] = field(default_factory=list)  # its MoE routers' entries, for routing
 
 
-def _held(tensors: dict[Any, SideTensor], key: Any, alias: bool, order: int, part: int | None) -> SideTensor | None:
-    """Where a tensor of ``key`` goes: a new entry, or the parts of the one held; None: it goes nowhere (the key
-    holds a tensor already; an alias never displaces a primary key's)."""
-    held = tensors.get(key)
-    if held is None or (held.alias and not alias):
-        tensors[key] = held = SideTensor(order, alias)
-    elif held.alias != alias or part is None or part in held.parts:
-        return None
-    return held
-
-
 def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
     """Map every tensor of ``path``, reading its entries one at a time (the tree is never held whole).
 
     ``layer_offset``: the dump is a pipeline stage's, its layer 0 the model's layer ``layer_offset``."""
     meta: dict[str, Any] = {}
-    tensors: dict[tuple[str, str, int], SideTensor] = {}
-    last_layer: dict[int, SideTensor] = {}  # call -> the last decoder layer's output, filed once its number is known
-    skipped: list[ModuleRow] = []
+    dumped = DumpedNames()
+    kept = KeptTensors(dumped)  # only the statistics are kept, not msprobe's entries
+    tensors: SideTensors[tuple[str, str, int]] = SideTensors(kept)
+    last_layer: SideTensors[int] = SideTensors(kept)  # call -> the last decoder layer's output, filed once known
+    skipped = NotComparable(dumped)
     routers: list[routing.RouterEntry] = []
     api_rows = 0
     layers: list[int] = []
@@ -110,33 +90,23 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
             routers.append((chooser, raw, entry))
         if name.layer is not None:
             layers.append(name.layer)
+        at = dumped.add(raw)
         for mapped in names.map_entry(name, entry, table):
             order = 2 * position + (1 if mapped.label.startswith("output") else 0)
-            dumped = f"{raw}.{mapped.label}"
-            shape = _shape_text(mapped.tensor.get("shape") or ())
             reason = mapped.reason
-            if not reason:
-                # Only the statistics are kept, not msprobe's entry: memory grows with tensors, not with the file.
-                kept = (dumped, Stats.from_dump(mapped.tensor), mapped.tensor.get("data_name"))
-                for index, (module, io) in enumerate(mapped.keys):
-                    held = _held(tensors, (module, io, name.call), index > 0, order, mapped.part)
-                    if held is not None:
-                        held.parts[mapped.part] = kept
-                    elif index == 0:
-                        first = tensors[(module, io, name.call)].name
-                        reason = f"a second tensor for the same key ({module} {io}; first: {first})"
-                if mapped.last_layer_output:
-                    held = _held(last_layer, name.call, True, order, mapped.part)
-                    if held is not None:
-                        held.parts[mapped.part] = kept
+            index = kept.add(at, mapped.label, order, mapped.part, mapped.tensor) if not reason else -1
+            for alias, (module, io) in enumerate(mapped.keys if not reason else ()):
+                if not tensors.file((module, io, name.call), index, alias > 0) and not alias:
+                    first = tensors[(module, io, name.call)].name
+                    reason = f"a second tensor for the same key ({module} {io}; first: {first})"
+            if mapped.last_layer_output and not mapped.reason:
+                last_layer.file(name.call, index, True)
             if reason:
                 layer = names.layer_of(table.canonical(name)[0])
-                skipped.append(
-                    ModuleRow(pair=None, order=order, layer=layer, train_name=dumped, reason=reason, train_shape=shape)
-                )
+                skipped.add(order, layer, at, mapped.label, reason, _shape_text(mapped.tensor.get("shape") or ()))
     if layers:  # a model without decoder layers has no last layer's output to compare
         for call, held in last_layer.items():
-            tensors.setdefault((f"layers.{max(layers)}", "output", call), held)
+            tensors.file_as((f"layers.{max(layers)}", "output", call), held)
     embedding = tensors.get(("embed_tokens", "input", 0))
     tokens = embedding.in_order()[0][1].numel if embedding else None
     return Side(
@@ -248,15 +218,12 @@ def _shape_text(shape: Sequence[int]) -> str:
 def _joined(train: Side, generate: Side) -> tuple[list[tuple[Any, ...]], int]:
     """Both sides' keys (an outer join of two dicts: no DataFrame needed), in the training model's order,
     inference-only keys after it: ``(key, train tensor or None, inference tensor or None, order)``."""
-    end = 2 * (max((t.order for t in train.tensors.values()), default=0) + 1)
-
-    def order(key: tuple[str, str, int]) -> int:
-        held = train.tensors.get(key)
-        return held.order if held is not None else end + generate.tensors[key].order
-
-    keys = [*train.tensors, *(k for k in generate.tensors if k not in train.tensors)]
-    ordered = sorted(keys, key=lambda k: (order(k), k))
-    return [(k, train.tensors.get(k), generate.tensors.get(k), order(k)) for k in ordered], end
+    both = [(k, t, generate.tensors.get(k)) for k, t in train.tensors.items()]
+    end = 2 * (max((t.order for _, t, _ in both), default=0) + 1)
+    only = [(k, None, g) for k, g in generate.tensors.items() if k not in train.tensors]
+    joined = [(k, t, g, t.order if t is not None else end + g.order) for k, t, g in both + only]
+    joined.sort(key=lambda item: (item[3], item[0]))
+    return joined, end
 
 
 def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[ModuleRow]:
@@ -338,14 +305,8 @@ def compare_sides(train: Side, generate: Side, table: names.NameMap) -> list[Mod
             row.status, row.reason = Status.NOT_COMPARABLE, "no statistics dumped (empty or non-float tensor)"
         else:
             row.status = Status.COMPARED
-    for side in (train, generate):
-        for item in side.not_comparable:
-            item = dataclasses.replace(item, module="", io="", status=Status.NOT_COMPARABLE)
-            if side is generate:  # read_side files every skipped tensor under train_*: here it is the inference one's
-                item.order += end
-                item.generate_name, item.generate_shape = item.train_name, item.train_shape
-                item.train_name = item.train_shape = None
-            rows.append(item)
+    rows.extend(train.not_comparable.rows(0, inference=False))
+    rows.extend(generate.not_comparable.rows(end, inference=True))
     rows.sort(key=lambda r: r.order)  # stable: keys of one tensor keep their sorted order
     return rows
 

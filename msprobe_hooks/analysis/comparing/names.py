@@ -38,6 +38,9 @@ _RULE_FIELDS = frozenset(
     {"module", "names", "parts", "compare", "reason", "stream", "also", "classes", "parallel", "shard_dim"}
 )
 _STREAMS = ("previous_layer", "last_layer")
+# The (path, class) lookups a name map remembers: every module of a real model (a few thousand paths), not every one
+# of a dump deeper than any model, whose paths would otherwise be held for the process's life.
+LOOKUPS_HELD = 1 << 14
 
 
 class MappingError(ValueError):
@@ -137,6 +140,8 @@ class NameMap:
         """(rule, part, layer) of the first rule covering ``path`` (a module of class ``cls``), or None."""
         key = (path, cls)
         if key not in self._found:  # a dump repeats its paths per layer and call; pairs repeat them all
+            if len(self._found) >= LOOKUPS_HELD:
+                self._found.clear()
             self._found[key] = self._search(path, cls)
         return self._found[key]
 

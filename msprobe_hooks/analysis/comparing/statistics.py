@@ -15,8 +15,11 @@ from typing import Any
 
 from msprobe_hooks.analysis.results import THRESHOLDED
 
+# msprobe's names of a tensor entry's statistics, in the order of Stats' fields max, min, mean, norm
+DUMPED_STATISTICS = ("Max", "Min", "Mean", "Norm")
 
-def _number(value: Any) -> float | None:
+
+def number(value: Any) -> float | None:
     """A statistic as msprobe wrote it (a number, "inf"/"nan" strings, null), as a float or None."""
     if value is None or isinstance(value, bool):
         return None
@@ -40,18 +43,6 @@ class Stats:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-    @classmethod
-    def from_dump(cls, tensor: Mapping[str, Any]) -> Stats:
-        """From one tensor entry of ``dump.json`` (``{"type": "torch.Tensor", "shape": ..., "Max": ...}``)."""
-        return cls(
-            shape=tuple(int(d) for d in tensor.get("shape") or ()),
-            dtype=str(tensor.get("dtype", "")),
-            max=_number(tensor.get("Max")),
-            min=_number(tensor.get("Min")),
-            mean=_number(tensor.get("Mean")),
-            norm=_number(tensor.get("Norm")),
-        )
 
 
 def flat_shape(shape: Sequence[int]) -> tuple[int, ...]:

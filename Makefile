@@ -115,7 +115,7 @@ test-fast: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -m "not engine and not interpreter"
+	$(BIN)/python -m pytest -n 2 -m "not engine and not interpreter"
 
 # The wheel to carry into a cluster's container: pip install dist/msprobe_hooks-*.whl
 dist: install

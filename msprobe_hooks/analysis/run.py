@@ -63,6 +63,7 @@ class Compared:
 
     answer: Answer
     index: str  # the report's index.html
+    lines: list[str]  # the report's answer, its first lines: the cause, the first divergence, each section's verdict
     tensorboard: str | None = None  # the event file, when asked for
     tensorboard_steps: int = 0  # the global steps written into it
 
@@ -130,8 +131,8 @@ def _compare(
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
         gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
         answer = assemble(results, store, gaps)
-        index = writer.write(output, answer, options.threshold, painter)
-    compared = Compared(answer, index)
+        index, lines = writer.write(output, answer, options.threshold, painter)
+    compared = Compared(answer, index, lines)
     if options.tensorboard:
         from msprobe_hooks.analysis.answer import run_view
         from msprobe_hooks.analysis.report import events

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     except CompareInputError as exc:
         print(f"msprobe-hooks compare: {exc}", file=sys.stderr)
         return 2
-    for line in summary_lines(compared.answer, args.threshold):
+    for line in summary_lines(compared.answer, args.threshold, compared.lines):
         print(line)
     if compared.tensorboard:
         print(f"tensorboard: {compared.tensorboard} ({compared.tensorboard_steps} global steps)")

@@ -231,7 +231,7 @@ def test_the_depth_figure_names_its_modules_in_the_png_and_on_the_page(tmp_path,
     assert layout["xaxis"]["title"]["text"] == axes.get_xlabel()
 
 
-def test_a_section_is_one_record(tmp_path, monkeypatch):
+def test_a_section_is_one_record(tmp_path, monkeypatch, capsys):
     """What docs/development.md's "How to add a report section" shows: a builder added to SECTIONS puts its verdict
     under the title, its Markdown and HTML before the pairs, its figure as a PNG and on the page, its files in the
     page's list."""
@@ -247,7 +247,10 @@ def test_a_section_is_one_record(tmp_path, monkeypatch):
         )  # fmt: skip
 
     monkeypatch.setattr(writer, "SECTIONS", (*writer.SECTIONS, tokens))
-    compare(pairs_file(tmp_path, "fsdp2/actor", "vllm/generate"), tmp_path / "report")
+    found = pairs_file(tmp_path, "fsdp2/actor", "vllm/generate")
+    capsys.readouterr()
+    compare(found, tmp_path / "report")
+    assert capsys.readouterr().out.splitlines()[2] == "tokens: every pair has its tokens"  # printed as in the report
     report = tmp_path / "report"
     summary = (report / "summary.md").read_text().split("\n\n")
     assert summary[3] == "**tokens: every pair has its tokens**"  # after the cause and the first divergence

@@ -18,10 +18,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from msprobe_hooks.analysis.answer import run_view
 from msprobe_hooks.analysis.answer.assemble import Answer
 from msprobe_hooks.analysis.answer.diagnosis import DIAGNOSIS_FILE
-from msprobe_hooks.analysis.answer.symptom import path_verdict
 from msprobe_hooks.analysis.report import figures, interactive, plots, routing, sections
 from msprobe_hooks.analysis.report.plots import Painter
 from msprobe_hooks.analysis.report.sections import Builder, Figure, Section, table_html
@@ -126,18 +124,12 @@ def _left_out(ordered: Sequence[PairResult], detailed: Sequence[PairResult]) -> 
     return f" Listed here: {len(detailed)} of {len(ordered)} pairs (the diverging and failed first); {left} more in it."
 
 
-def summary_lines(found: Answer, threshold: float) -> list[str]:
-    """What compare prints: the cause, one line overall, on which path (with decode pairs or gaps), the run (pairs
-    of several global steps), one line per pair."""
+def summary_lines(found: Answer, threshold: float, answer: Sequence[str]) -> list[str]:
+    """What compare prints: the report's answer lines (:func:`verdict_lines`, as :func:`write` returned them: the
+    cause, the first divergence over all pairs with their count, each section's verdict), then one line per pair."""
     results = found.results
-    lines = [found.diagnosis.line, f"{len(results)} pairs: {overall(results, threshold)}"]
-    if found.samples:
-        lines.append(path_verdict(found.samples))
-    if found.steps:
-        lines.append(run_view.run_verdict(found.steps))
-    routed = routing.headline(results)  # MoE pairs only
-    if routed:
-        lines.append(routed)
+    cause, first, *sections = answer
+    lines = [cause, f"{len(results)} pairs: {first}", *sections]
     for r in sorted(results, key=lambda r: r.pair):
         if r.verdict is Verdict.FAILED:
             lines.append(f"  pair {r.pair}: {Verdict.FAILED}: {r.message}")
@@ -168,9 +160,9 @@ def verdict_lines(found: Answer, threshold: float, built: Sequence[Section]) -> 
     return [found.diagnosis.line, overall(found.results, threshold), *(s.verdict for s in built if s.verdict)]
 
 
-def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> str:
+def write(folder: str, found: Answer, threshold: float, painter: Painter | None = None) -> tuple[str, list[str]]:
     """Write the report files into ``folder`` (the PNGs by ``painter``, by default in this process); returns the
-    path of ``index.html``."""
+    path of ``index.html`` and the report's answer lines (:func:`verdict_lines`)."""
     painter = painter or Painter(separate_process=False)
     os.makedirs(folder, exist_ok=True)
     results = found.results
@@ -259,4 +251,4 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} details {{ margin: 0.5em 
     index = os.path.join(folder, "index.html")
     with open(index, "w", encoding="utf-8") as out:
         out.write(page)
-    return index
+    return index, answer

@@ -505,7 +505,7 @@ def test_decode_lines_read_without_json_agree_with_json(tmp_path):
         )
     )
     for read, whole in zip([scanned[i] for i in (0, 2, 3)], [parsed[i] for i in (0, 2, 3)], strict=True):
-        assert isinstance(read, logs.GenStep) and read.rows == whole.rows and read.dumped is True
+        assert isinstance(read, logs.GenerateStep) and read.rows == whole.rows and read.dumped is True
     assert [row.computed for row in scanned[0].rows] == [len(s.prompt) for s in SAMPLES]  # decode: after the prompt
 
 

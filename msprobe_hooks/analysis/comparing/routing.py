@@ -134,7 +134,7 @@ def dumped_choices(dump: str, routers: Sequence[RouterEntry]) -> dict[int, _Choi
     return choices
 
 
-def inference_choices(pair: Pair, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
+def generate_choices(pair: Pair, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
     """Per MoE layer the ids the inference engine chose in the pair's step: its ``routed_experts.jsonl``, else the
     ids its tensor-mode dump holds (SGLang's TopK output; ``routers``: the dump's)."""
     import torch
@@ -209,7 +209,7 @@ def compare(
     if not routers:
         return
     train, why = training_choices(pair.train.dump, train_routers)
-    generate = inference_choices(pair, generate_routers) if not why else {}
+    generate = generate_choices(pair, generate_routers) if not why else {}
     layers = []
     for layer in sorted(routers):
         reason = why or (NO_INFERENCE_IDS if layer not in generate else None)

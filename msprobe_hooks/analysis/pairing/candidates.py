@@ -14,8 +14,8 @@ from typing import Any
 from msprobe_hooks.analysis import layout
 from msprobe_hooks.analysis.pairing.logs import (
     DecodeStep,
-    GenRow,
-    GenStep,
+    GenerateRow,
+    GenerateStep,
     TrainDump,
     Warn,
     read_dispatch,
@@ -25,7 +25,7 @@ from msprobe_hooks.analysis.pairing.logs import (
 LineKey = tuple[str, int]  # a log line: (its file, its number)
 
 
-def line_key(step: GenStep) -> LineKey:
+def line_key(step: GenerateStep) -> LineKey:
     return (step.log, step.line)
 
 
@@ -34,7 +34,7 @@ def train_dump(dump: TrainDump) -> str:
     return layout.training_dump(dump.log, dump.step, dump.rank, dump.pid)
 
 
-def generate_dump(step: GenStep) -> str:
+def generate_dump(step: GenerateStep) -> str:
     """An inference step's dump, next to its dispatch log (:func:`.layout.generate_dump`)."""
     return layout.generate_dump(step.log, step.step, step.rank, step.pid)
 
@@ -43,8 +43,8 @@ def generate_dump(step: GenStep) -> str:
 class Candidate:
     """One row of a logged inference step: a request's share of it that may pair."""
 
-    step: GenStep
-    row: GenRow
+    step: GenerateStep
+    row: GenerateRow
 
     @property
     def key(self) -> LineKey:
@@ -78,7 +78,7 @@ class Rounds:
         with times (older logs: never)."""
         return len(self._spans) >= 2 and global_step in self._spans
 
-    def of(self, step: GenStep) -> Any:
+    def of(self, step: GenerateStep) -> Any:
         """The global step whose rollout an inference step belongs to, by the logs' times; None if unknown.
 
         RL runs each global step as rollout, then training: an inference step at time ``s`` belongs to the
@@ -112,7 +112,7 @@ class CandidateIndex:
     """Both logs as ``align`` joins them (:meth:`read`)."""
 
     trains: list[TrainDump] = field(default_factory=list)
-    steps: list[GenStep] = field(default_factory=list)  # read whole: with a prefill row, or dumped decode steps
+    steps: list[GenerateStep] = field(default_factory=list)  # read whole: with a prefill row, or dumped decode steps
     by_base: dict[str, list[Candidate]] = field(default_factory=dict)  # full-prefill candidates, by request id
     by_hash: dict[str, list[Candidate]] = field(default_factory=dict)  # and by prompt hash
     decode_by_base: dict[str, list[Candidate]] = field(default_factory=dict)  # rows sampling a response token
@@ -144,7 +144,7 @@ class CandidateIndex:
             self._train_identities.setdefault((dump.prompt_hash, dump.global_step), set()).add(dump.identity)
         self.rounds.note(dump)
 
-    def _add_step(self, step: GenStep | DecodeStep) -> None:
+    def _add_step(self, step: GenerateStep | DecodeStep) -> None:
         if isinstance(step, DecodeStep):
             self.seen_bases.update(step.bases)
             self.seen_hashes.update(step.hashes)
@@ -157,14 +157,14 @@ class CandidateIndex:
         else:  # a dumped decode step
             self.seen_bases.update(row.base for row in step.rows if row.base is not None)
 
-    def _add_sampling_rows(self, step: GenStep) -> None:
+    def _add_sampling_rows(self, step: GenerateStep) -> None:
         for row in step.rows:
             candidate = Candidate(step, row)
             after_prompt = row.prompt_len is not None and (candidate.position or 0) >= row.prompt_len
             if row.base is not None and (not row.prefill or after_prompt):
                 self.decode_by_base.setdefault(row.base, []).append(candidate)
 
-    def _add_prefill(self, step: GenStep) -> None:
+    def _add_prefill(self, step: GenerateStep) -> None:
         for row in step.rows:
             if row.base is not None:
                 self.seen_bases.add(row.base)
@@ -192,5 +192,5 @@ class CandidateIndex:
         return not ids and any(n > 1 for n in per_rank.values())
 
 
-def has_prefill(step: GenStep) -> bool:
+def has_prefill(step: GenerateStep) -> bool:
     return any(row.prefill for row in step.rows)

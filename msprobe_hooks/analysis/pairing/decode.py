@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from msprobe_hooks.analysis.pairing.candidates import Candidate, generate_dump, train_dump
 from msprobe_hooks.analysis.pairing.join import Join
-from msprobe_hooks.analysis.pairing.logs import GenRow, GenStep, TrainDump, TrainSample
+from msprobe_hooks.analysis.pairing.logs import GenerateRow, GenerateStep, TrainDump, TrainSample
 from msprobe_hooks.analysis.pairing.pairs import JoinRule, Pair, PairKind
 from msprobe_hooks.analysis.results import Unpaired
 from msprobe_hooks.join_keys import PROMPT_WINDOW
@@ -141,7 +141,7 @@ class DecodeJoin:
             found.append(pair)
         return found
 
-    def _rows(self, step: GenStep, row: GenRow) -> tuple[int, int] | None:
+    def _rows(self, step: GenerateStep, row: GenerateRow) -> tuple[int, int] | None:
         """The rows of ``row``'s request in ``step``'s dump (a decode row, or a whole prefill), or None when
         they cannot be told apart.
 

@@ -16,7 +16,7 @@ from msprobe_hooks.analysis.pairing.candidates import (
     LineKey,
     generate_dump,
 )
-from msprobe_hooks.analysis.pairing.logs import GenRow, GenStep, TrainDump, Warn
+from msprobe_hooks.analysis.pairing.logs import GenerateRow, GenerateStep, TrainDump, Warn
 from msprobe_hooks.analysis.pairing.pairs import (
     LOG_FORMATS,
     GenerateSide,
@@ -82,7 +82,7 @@ class Join:
         self.ledger.refused.update((c.key, Unpaired.OTHER_RANKS_ONLY) for c in good)
         return Unpaired.OTHER_RANKS_ONLY
 
-    def filtered(self, step: GenStep, row: GenRow) -> bool:
+    def filtered(self, step: GenerateStep, row: GenerateRow) -> bool:
         """A packed step whose dump msprobe's ``request_id`` filter cut to ``row``'s request."""
         if self.config_request_ids & {row.request_id, row.base}:
             return True
@@ -154,7 +154,7 @@ class Join:
             self._routed_of[process] = self._path(found) if os.path.isfile(found) else None
         return self._routed_of[process]
 
-    def _whence(self, entry: TrainDump | GenStep) -> dict[str, Any]:
+    def _whence(self, entry: TrainDump | GenerateStep) -> dict[str, Any]:
         """Where a side of a pair was logged: its msprobe step, rank, process, log file and line."""
         return {
             "step": entry.step,

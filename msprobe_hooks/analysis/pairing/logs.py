@@ -119,7 +119,7 @@ class TrainDump:
         return self.seq_len is None or self.prompt_len is None or self.seq_len == self.prompt_len
 
 
-class GenRow(NamedTuple):
+class GenerateRow(NamedTuple):
     """One request's share of a model step (a tuple: a long log has millions)."""
 
     request_id: str | None
@@ -134,7 +134,7 @@ class GenRow(NamedTuple):
 
 
 @dataclass(frozen=True)
-class GenStep:
+class GenerateStep:
     """One inference model step of one process: one with a prefill row, or a dumped decode step."""
 
     log: str
@@ -145,7 +145,7 @@ class GenStep:
     dumped: bool | None  # None: the log does not say (recipe: it logs dumped steps only)
     engine: str | None
     total_tokens: int | None
-    rows: tuple[GenRow, ...]
+    rows: tuple[GenerateRow, ...]
     recipe: bool
     time: float | None = None  # when the step's line was written; None in older and recipe logs
 
@@ -240,10 +240,10 @@ def _hash_version(record: dict[str, Any]) -> int:
     return _int(record.get(PROMPT_HASH_VERSION_FIELD)) or 1
 
 
-def _row(raw: dict[str, Any], step_prefill: bool, single: bool, version: int) -> GenRow:
+def _row(raw: dict[str, Any], step_prefill: bool, single: bool, version: int) -> GenerateRow:
     if "full_prefill" in raw and "request_id_base" in raw:  # our own rows: every field under its name
         get = raw.get
-        return GenRow(
+        return GenerateRow(
             get("request_id"),
             get("request_id_base"),
             get("prefill") is True,
@@ -274,7 +274,7 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool, version: int) ->
             full = prefill and computed == 0 and tokens == prompt_len
         else:  # decided later against the training prompt's length
             full = None if prefill and raw.get("type", "new") == "new" else False
-    return GenRow(
+    return GenerateRow(
         request_id=request_id,
         base=None if base is None else str(base),
         prefill=bool(prefill),
@@ -289,7 +289,7 @@ def _row(raw: dict[str, Any], step_prefill: bool, single: bool, version: int) ->
 
 class DecodeStep(NamedTuple):
     """A model step without prefill rows that was not dumped: all ``align`` needs of it (most lines of a
-    long log). A dumped one is read whole (a :class:`GenStep`): decode pairs need its rows."""
+    long log). A dumped one is read whole (a :class:`GenerateStep`): decode pairs need its rows."""
 
     dumped: bool | None
     bases: list[str]  # the requests it ran (suffix stripped) and their prompt hashes: a training
@@ -320,7 +320,7 @@ def _decode_line(line: str) -> DecodeStep | None:
     return DecodeStep(False, [_unescape(b) for b in _BASE.findall(line)], hashes)
 
 
-def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
+def read_dispatch(path: str, warn: Warn) -> Iterator[GenerateStep | DecodeStep]:
     """The model steps listed by one ``dispatch_log.jsonl`` (ours or the recipe's)."""
     for number, record in _records(path, warn, _decode_line):
         if isinstance(record, DecodeStep):
@@ -340,7 +340,7 @@ def read_dispatch(path: str, warn: Warn) -> Iterator[GenStep | DecodeStep]:
             bases = [row.base for row in rows if row.base is not None]
             yield DecodeStep(dumped, bases, [row.prompt_hash for row in rows if row.prompt_hash is not None])
             continue
-        yield GenStep(
+        yield GenerateStep(
             log=path,
             line=number,
             pid=_int(record.get("pid")),

@@ -11,20 +11,20 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
-from msprobe_hooks.analysis.pairing.logs import GenStep
+from msprobe_hooks.analysis.pairing.logs import GenerateStep
 
 # --- align: the ranks of one engine ----------------------------------------------------------------
 
 
 class _HasStep(Protocol):
     @property
-    def step(self) -> GenStep: ...
+    def step(self) -> GenerateStep: ...
 
 
 C = TypeVar("C", bound=_HasStep)
 
 
-def _signature(step: GenStep) -> tuple[Any, ...]:
+def _signature(step: GenerateStep) -> tuple[Any, ...]:
     """What every rank of one engine logs alike for one model step: its number, engine and packed rows."""
     rows = tuple((row.base, row.prompt_hash, row.tokens, row.offset, row.full) for row in step.rows)
     return step.step, step.engine, step.total_tokens, rows

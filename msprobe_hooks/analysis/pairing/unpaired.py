@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from msprobe_hooks.analysis.pairing.candidates import generate_dump, has_prefill, line_key
 from msprobe_hooks.analysis.pairing.join import Join
-from msprobe_hooks.analysis.pairing.logs import GenStep
+from msprobe_hooks.analysis.pairing.logs import GenerateStep
 from msprobe_hooks.analysis.results import Unpaired
 
 
-def generate_reason(join: Join, step: GenStep) -> Unpaired:
+def generate_reason(join: Join, step: GenerateStep) -> Unpaired:
     """Why ``step`` (dumped, in no pair) did not pair: what a join refused it for, its dump failing, else what
     its rows are."""
     refused = join.ledger.refused.get(line_key(step))
@@ -19,7 +19,7 @@ def generate_reason(join: Join, step: GenStep) -> Unpaired:
     return _prefill_reason(join, step) if has_prefill(step) else _decode_reason(join, step)
 
 
-def _prefill_reason(join: Join, step: GenStep) -> Unpaired:
+def _prefill_reason(join: Join, step: GenerateStep) -> Unpaired:
     fulls = [row for row in step.rows if row.full is not False]
     if not fulls:
         return Unpaired.NOT_FULL_PREFILL
@@ -30,7 +30,7 @@ def _prefill_reason(join: Join, step: GenStep) -> Unpaired:
     return Unpaired.NO_COUNTERPART
 
 
-def _decode_reason(join: Join, step: GenStep) -> Unpaired:
+def _decode_reason(join: Join, step: GenerateStep) -> Unpaired:
     if line_key(step) in join.ledger.past:
         return Unpaired.PAST_RESPONSE
     bases = {row.base for row in step.rows if row.base is not None}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request
-from msprobe_hooks.patches.vllm.runner_state import VllmRunner
+
+if TYPE_CHECKING:  # runner_state reads the eager check from here
+    from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
 
 def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> list[ScheduledRequest]:

@@ -80,6 +80,11 @@ def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple,
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
+    if not state.describes(runner):  # the model is loaded by the first step; a reload replaces it
+        ctx.guarded("recording the engine's numerics settings", state.describe_engine, runner)
+    new_requests = scheduler_output.scheduled_new_reqs
+    if new_requests:
+        ctx.guarded("recording the new requests", state.record_requests, new_requests)
     if ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
         ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
     if state.routing is not None:

@@ -23,11 +23,16 @@ from msprobe_hooks.inference.dispatch_log import (
     ScheduledRequest,
     StepCounter,
     StepWindow,
+    current_rank,
     open_log,
 )
+from msprobe_hooks.inference.evidence import EvidenceLogs, report_unread, request_line
 from msprobe_hooks.inference.routed_experts import RoutingRecorder
-from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG, strip_vllm_suffix
+from msprobe_hooks.join_keys import ENGINE_LOG, ROUTED_EXPERTS_LOG, clock, strip_vllm_suffix
+from msprobe_hooks.jsonl import current_pid
 from msprobe_hooks.log import logger
+from msprobe_hooks.numerics import GENERATE_SIDE, engine_record
+from msprobe_hooks.patches.vllm import evidence
 
 _states: weakref.WeakKeyDictionary[Any, VllmRunner] = weakref.WeakKeyDictionary()
 
@@ -73,6 +78,56 @@ class VllmRunner(RunnerLog):
         self.routing: RoutingRecorder | None = None  # MSPROBE_HOOKS_ROUTING: the routers' choices of each step
         self.routing_bound = False  # the routers were looked for (once the model is loaded)
         self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
+        self.evidence: EvidenceLogs | None = None  # engine.jsonl and requests.jsonl, beside the dispatch log
+        self.described: tuple[Any, Any] | None = None  # (model, model_config) of the last engine.jsonl line
+
+    # --- the evidence beside the dispatch log (engine.jsonl, requests.jsonl) ---------------------
+
+    def describes(self, runner: Any) -> bool:
+        """Whether the last ``engine.jsonl`` line describes the runner's model as loaded now (identity only: two
+        attribute reads a step; a reload or ``update_config`` replaces the objects)."""
+        described = self.described
+        return (
+            described is not None
+            and getattr(runner, "model", None) is described[0]
+            and runner.model_config is described[1]
+        )
+
+    def describe_engine(self, runner: Any) -> None:
+        """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model."""
+        self.described = (getattr(runner, "model", None), runner.model_config)  # once, even if reading fails
+        model = runner.get_model()
+        failures: list[str] = []
+        fields, fingerprint = evidence.model_configuration(runner, model, failures)
+        record = engine_record(
+            side=GENERATE_SIDE,
+            engine=self.engine,
+            version=self.engine_version,
+            pid=current_pid(),
+            rank=self.rank if self.rank is not None else current_rank(),
+            time=clock(),
+            numerics=evidence.numerics(runner, model, failures),
+            model_config=fields,
+            fingerprint=fingerprint,
+        )
+        self._evidence_logs().write_engine(record)
+        report_unread(ENGINE_LOG, failures)
+
+    def record_requests(self, new_requests: Sequence[Any]) -> None:
+        """One ``requests.jsonl`` line per request the scheduler sends for the first time (``NewRequestData``;
+        a request resumed after a preemption comes among the cached ones, and is not written again)."""
+        lines = [
+            request_line(
+                new.req_id, self.client_id(new.req_id), evidence.sampling(new.sampling_params), new.prompt_token_ids
+            )
+            for new in new_requests
+        ]
+        self._evidence_logs().write_requests(lines)
+
+    def _evidence_logs(self) -> EvidenceLogs:
+        if self.evidence is None or self.evidence.root != self.dump_root:  # beside the dispatch log, wherever it went
+            self.evidence = EvidenceLogs(self.dump_root)
+        return self.evidence
 
     def write(
         self,
@@ -161,11 +216,14 @@ class VllmRunner(RunnerLog):
         # A model step no start() covered (an early return between _update_states and start()).
         self.write(self.counter.take(), False, window.requests or [])
 
+    def client_id(self, request_id: str) -> str:
+        """The id the client sent, from the engine's."""
+        return strip_vllm_suffix(request_id) if self.strips_suffix else request_id
+
     def identify(self, runner: Any, request_id: str) -> tuple[str, str | None]:
         """(the id the client sent, the prompt hash) of a request the runner holds."""
-        base = strip_vllm_suffix(request_id) if self.strips_suffix else request_id
         cached = runner.requests.get(request_id)
-        return base, self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
+        return self.client_id(request_id), self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
 
     # --- driving msprobe (GPU vLLM) ------------------------------------------------------------
 

@@ -121,7 +121,7 @@ def _rope_bases(model: Any) -> list[float]:
     bases: list[float] = []
     for module in model.modules():
         base = getattr(module, "base", None)
-        if isinstance(base, (int, float)) and not isinstance(base, bool) and hasattr(module, "rotary_dim"):
-            if float(base) not in bases:
-                bases.append(float(base))
+        rotary = isinstance(base, (int, float)) and not isinstance(base, bool) and hasattr(module, "rotary_dim")
+        if rotary and float(base) not in bases:
+            bases.append(float(base))
     return bases

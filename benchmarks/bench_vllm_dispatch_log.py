@@ -113,7 +113,9 @@ def main() -> int:
     msprobe_hooks.activate()
     from vllm.config import SchedulerConfig, VllmConfig
 
-    from msprobe_hooks.patches.vllm.runner_state import state_of
+    from msprobe_hooks.patches.vllm import evidence
+
+    record_requests = evidence.record_requests
 
     print(f"decode steps, prompts of {PROMPT_LEN} tokens, median of {REPEATS}")
     print(f"{'requests':>9} {'patched us':>11} {'plain us':>9} {'us/row':>7} {'ratio':>6}")
@@ -137,9 +139,9 @@ def main() -> int:
         config = VllmConfig(scheduler_config=SchedulerConfig(max_num_seqs=k))
         config.model_config.max_model_len = PROMPT_LEN + 1
         patched = _time_arrivals(_runner(config), _arrivals(k))
-        quiet = _runner(config)
-        state_of(quiet).record_requests = lambda new: None  # the same runner, its request lines not written
-        without_lines = _time_arrivals(quiet, _arrivals(k))
+        evidence.record_requests = lambda state, new: None  # the same patched runner, its request lines not written
+        without_lines = _time_arrivals(_runner(config), _arrivals(k))
+        evidence.record_requests = record_requests
         bootstrap.deactivate()
         plain = _time_arrivals(_runner(config), _arrivals(k))
         msprobe_hooks.activate()

@@ -20,6 +20,7 @@ from torch import nn
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG
 from msprobe_hooks.log import NAME as LOGGER
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint, dtype_name
+from msprobe_hooks.patches.vllm.evidence import describe_engine
 from msprobe_hooks.patches.vllm.model_runner import _record_step
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
@@ -135,7 +136,7 @@ def warnings(caplog):
 def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, warnings):
     runner = make_runner()
     state = make_state(runner, tmp_path)
-    state.describe_engine(runner)
+    describe_engine(state, runner)
     (line,) = read(tmp_path, only_folder(tmp_path), ENGINE_LOG)
     assert line["side"] == "generate" and line["engine"] == "vllm"
     assert isinstance(line["pid"], int) and line["rank"] == 0 and isinstance(line["time"], float)
@@ -171,12 +172,12 @@ def test_head_dtype_falls_back_to_the_config_then_the_lm_head_and_auto_cache_is_
     runner = make_runner(Model(head_dtype=None), ModelConfig(head_dtype=torch.float16))
     runner.cache_config.cache_dtype = "auto"
     state = make_state(runner, tmp_path)
-    state.describe_engine(runner)
+    describe_engine(state, runner)
     head_dtype = ModelConfig.head_dtype
     del ModelConfig.head_dtype  # a release without head_dtype: the lm_head weight's dtype
     try:
         runner.model = Model(head_dtype=None)
-        state.describe_engine(runner)
+        describe_engine(state, runner)
     finally:
         ModelConfig.head_dtype = head_dtype
     lines = read(tmp_path, only_folder(tmp_path), ENGINE_LOG)
@@ -184,7 +185,7 @@ def test_head_dtype_falls_back_to_the_config_then_the_lm_head_and_auto_cache_is_
     assert {line["numerics"]["kv_cache_dtype"] for line in lines} == {"bfloat16"}
     # no rotary base in a module: the config's, said so
     runner.model = nn.Module()
-    state.describe_engine(runner)
+    describe_engine(state, runner)
     last = read(tmp_path, only_folder(tmp_path), ENGINE_LOG)[-1]["model_config"]
     assert (last["rope_theta"], last["rope_theta_source"]) == (10000.0, "config")
 
@@ -199,7 +200,7 @@ def test_a_broken_config_gives_null_and_one_log_line_never_an_exception(tmp_path
     runner.model_config.hf_text_config = SimpleNamespace(to_dict=broken)
     del runner.attn_groups  # a release without it: null, and no word about it
     state = make_state(runner, tmp_path)
-    state.describe_engine(runner)
+    describe_engine(state, runner)
     (line,) = read(tmp_path, only_folder(tmp_path), ENGINE_LOG)
     assert line["numerics"]["head_dtype"] is None and line["numerics"]["attention_backend"] is None
     assert line["numerics"]["model_dtype"] == "bfloat16"  # the rest is still read
@@ -287,7 +288,7 @@ def test_a_replaced_model_config_is_described_again(tmp_path):
     runner = make_runner()
     state = make_state(runner, tmp_path)
     assert not state.describes(runner)
-    state.describe_engine(runner)
+    describe_engine(state, runner)
     assert state.describes(runner)
     runner.model_config = ModelConfig({"rope_parameters": {"rope_theta": 20000.0, "rope_type": "default"}})
     assert not state.describes(runner)  # vLLM's Worker.update_config replaces the object
@@ -295,10 +296,10 @@ def test_a_replaced_model_config_is_described_again(tmp_path):
 
 def test_a_failure_while_describing_is_not_retried_at_every_step(tmp_path):
     runner = make_runner()
-    runner.get_model = None  # not callable: describe_engine fails after marking the model described
+    runner.get_model = None  # not callable: evidence.describe_engine fails after marking the model described
     state = make_state(runner, tmp_path)
     with pytest.raises(TypeError):
-        state.describe_engine(runner)
+        describe_engine(state, runner)
     assert state.describes(runner)
 
 

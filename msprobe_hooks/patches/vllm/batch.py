@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request
-
-if TYPE_CHECKING:  # runner_state reads the eager check from here
-    from msprobe_hooks.patches.vllm.runner_state import VllmRunner
+from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
 
 def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> list[ScheduledRequest]:

@@ -1,5 +1,6 @@
-"""What a vLLM model runner effectively runs, read from its own objects: the ``engine.jsonl`` line's values, and
-each new request's sampling parameters for ``requests.jsonl`` (:mod:`msprobe_hooks.inference.evidence`).
+"""What a vLLM runner effectively runs and each new request asked for: the values of engine.jsonl and requests.jsonl.
+
+The files are :mod:`msprobe_hooks.inference.evidence`'s.
 
 Read once the model is loaded (the runner's first step, and the first after a reload), from the runner's
 ``model_config`` / ``cache_config`` / ``parallel_config`` / ``scheduler_config``, its attention groups and the
@@ -10,19 +11,56 @@ top level).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from msprobe_hooks.inference.evidence import read_settings
+from msprobe_hooks.inference.dispatch_log import current_rank
+from msprobe_hooks.inference.evidence import read_settings, report_unread, request_line
+from msprobe_hooks.join_keys import ENGINE_LOG, clock
+from msprobe_hooks.jsonl import current_pid
 from msprobe_hooks.numerics import (
+    GENERATE_SIDE,
     ROPE_FROM_CONFIG,
     ROPE_FROM_MODULE,
     SAMPLING_KEYS,
     config_fields,
     config_fingerprint,
     dtype_name,
+    engine_record,
 )
 from msprobe_hooks.patches.vllm.batch import not_eager
+from msprobe_hooks.patches.vllm.runner_state import VllmRunner
+
+
+def describe_engine(state: VllmRunner, runner: Any) -> None:
+    """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model."""
+    state.described = (getattr(runner, "model", None), runner.model_config)  # once, even if reading fails
+    model = runner.get_model()
+    failures: list[str] = []
+    fields, fingerprint = model_configuration(runner, model, failures)
+    record = engine_record(
+        side=GENERATE_SIDE,
+        engine=state.engine,
+        version=state.engine_version,
+        pid=current_pid(),
+        rank=state.rank if state.rank is not None else current_rank(),
+        time=clock(),
+        numerics=numerics(runner, model, failures),
+        model_config=fields,
+        fingerprint=fingerprint,
+    )
+    state.evidence_logs().write_engine(record)
+    report_unread(ENGINE_LOG, failures)
+
+
+def record_requests(state: VllmRunner, new_requests: Sequence[Any]) -> None:
+    """One ``requests.jsonl`` line per request the scheduler sends for the first time (``NewRequestData``; a
+    request resumed after a preemption comes among the cached ones, and is not written again)."""
+    lines = [
+        request_line(new.req_id, state.client_id(new.req_id), sampling(new.sampling_params), new.prompt_token_ids)
+        for new in new_requests
+    ]
+    state.evidence_logs().write_requests(lines)
 
 
 def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:

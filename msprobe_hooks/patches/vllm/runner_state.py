@@ -23,16 +23,12 @@ from msprobe_hooks.inference.dispatch_log import (
     ScheduledRequest,
     StepCounter,
     StepWindow,
-    current_rank,
     open_log,
 )
-from msprobe_hooks.inference.evidence import EvidenceLogs, report_unread, request_line
+from msprobe_hooks.inference.evidence import EvidenceLogs
 from msprobe_hooks.inference.routed_experts import RoutingRecorder
-from msprobe_hooks.join_keys import ENGINE_LOG, ROUTED_EXPERTS_LOG, clock, strip_vllm_suffix
-from msprobe_hooks.jsonl import current_pid
+from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG, strip_vllm_suffix
 from msprobe_hooks.log import logger
-from msprobe_hooks.numerics import GENERATE_SIDE, engine_record
-from msprobe_hooks.patches.vllm import evidence
 
 _states: weakref.WeakKeyDictionary[Any, VllmRunner] = weakref.WeakKeyDictionary()
 
@@ -93,38 +89,8 @@ class VllmRunner(RunnerLog):
             and runner.model_config is described[1]
         )
 
-    def describe_engine(self, runner: Any) -> None:
-        """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model."""
-        self.described = (getattr(runner, "model", None), runner.model_config)  # once, even if reading fails
-        model = runner.get_model()
-        failures: list[str] = []
-        fields, fingerprint = evidence.model_configuration(runner, model, failures)
-        record = engine_record(
-            side=GENERATE_SIDE,
-            engine=self.engine,
-            version=self.engine_version,
-            pid=current_pid(),
-            rank=self.rank if self.rank is not None else current_rank(),
-            time=clock(),
-            numerics=evidence.numerics(runner, model, failures),
-            model_config=fields,
-            fingerprint=fingerprint,
-        )
-        self._evidence_logs().write_engine(record)
-        report_unread(ENGINE_LOG, failures)
-
-    def record_requests(self, new_requests: Sequence[Any]) -> None:
-        """One ``requests.jsonl`` line per request the scheduler sends for the first time (``NewRequestData``;
-        a request resumed after a preemption comes among the cached ones, and is not written again)."""
-        lines = [
-            request_line(
-                new.req_id, self.client_id(new.req_id), evidence.sampling(new.sampling_params), new.prompt_token_ids
-            )
-            for new in new_requests
-        ]
-        self._evidence_logs().write_requests(lines)
-
-    def _evidence_logs(self) -> EvidenceLogs:
+    def evidence_logs(self) -> EvidenceLogs:
+        """The files :mod:`.evidence` writes, under the dispatch log's root."""
         if self.evidence is None or self.evidence.root != self.dump_root:  # beside the dispatch log, wherever it went
             self.evidence = EvidenceLogs(self.dump_root)
         return self.evidence

@@ -22,6 +22,8 @@ GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor l
 GAP_SOURCE = "logprob_gap"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
 ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
+ENGINE_LOG = "engine.jsonl"  # one line per model load: the settings that change numerics (msprobe_hooks.numerics)
+REQUESTS_LOG = "requests.jsonl"  # inference, beside the dispatch log: one line per request, its sampling and prompt
 # What a training window holds (its log line's "dump"): a micro-batch's forward, one sample's prompt alone
 # (PROMPTS_ONLY=1), or one sample's whole sequence (DUMP_SEQUENCES=1).
 MICRO_BATCH_WINDOW, PROMPT_WINDOW, SEQUENCE_WINDOW = "micro_batch", "prompt", "sequence"

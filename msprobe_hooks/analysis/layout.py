@@ -7,6 +7,8 @@
     {training root}/step{N}/rank{R}/dump.json          msprobe's: the training root is its dump root
     {generate root}/{pid}/dispatch_log.jsonl           one per inference process (DISPATCH_LOG)
     {generate root}/{pid}/routed_experts.jsonl         beside it, MSPROBE_HOOKS_ROUTING=1 (ROUTED_EXPERTS_LOG)
+    {generate root}/{pid}/engine.jsonl                 beside it, once per model load: numerics settings (ENGINE_LOG)
+    {generate root}/{pid}/requests.jsonl               beside it, once per request: sampling, prompt ids (REQUESTS_LOG)
     {generate root}/{pid}/step{N}/rank{R}/dump.json    msprobe's: the process folder is its dump root
 
 (``proc{pid}`` for ``rank{R}`` when msprobe knew no rank.) The file names are :mod:`msprobe_hooks.join_keys`',
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from msprobe_hooks.join_keys import GAP_LOG, ROUTED_EXPERTS_LOG
+from msprobe_hooks.join_keys import ENGINE_LOG, GAP_LOG, REQUESTS_LOG, ROUTED_EXPERTS_LOG
 
 DUMP_FILE = "dump.json"
 
@@ -74,3 +76,13 @@ def gap_logs(training_root: str) -> list[str]:
 def routed_experts_log(process: str) -> str:
     """The routed-experts log of an inference process folder ``{root}/{pid}`` (written or not)."""
     return os.path.join(process, ROUTED_EXPERTS_LOG)
+
+
+def engine_log(process: str) -> str:
+    """The engine-settings log of a process folder ``{root}/{pid}`` (written or not; either side's)."""
+    return os.path.join(process, ENGINE_LOG)
+
+
+def requests_log(process: str) -> str:
+    """The per-request log of an inference process folder ``{root}/{pid}`` (written or not)."""
+    return os.path.join(process, REQUESTS_LOG)

@@ -5,12 +5,15 @@ hooks off (the baseline); dumping every step but one at task ``tensor`` (the ste
 vLLM's random request-id suffix; with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`` and msprobe's
 ``request_id`` filter; and a non-eager engine. How vLLM packs a step depends on when each request
 reaches the engine core (another process), so the tests check invariants of every line against the
-dumped tokens, not a fixed packing. The stand-in tests (``test_vllm_*.py``) keep what cannot run
+dumped tokens, not a fixed packing. A fifth, with the engine core in the test's process, preempts a request,
+and records in engine.jsonl / requests.jsonl a bf16 model, an fp8 KV cache, an fp32 lm_head and sampled
+requests. The stand-in tests (``test_vllm_*.py``) keep what cannot run
 here: other vLLM versions, GPU-only paths (CUDA graphs, Model Runner V2), vLLM-Ascend, fault injection.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -28,10 +31,10 @@ from support.real_vllm import (
     msprobe_config,
     run_engine,
 )
-from support.vllm_standin import dispatch_log, dumped_steps
+from support.vllm_standin import dispatch_log, dumped_steps, read_log
 
 from cpu_kit import verl_cpu
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, prompt_hash
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -208,22 +211,47 @@ def test_the_opt_out_keeps_ids_as_sent_and_the_request_id_filter_dumps_that_requ
     assert dumped_rows == len(sequence(run, FILTERED)) - 1
 
 
-def test_a_preempted_request_comes_back_as_one_prefill_row_of_its_prompt_and_generated_tokens(tmp_path, model_dir):
+# The preemption run also carries the evidence a diagnosis reads (engine.jsonl, requests.jsonl): two requests
+# sampled, and numerics settings of the kinds users get wrong: bf16, an fp8 KV cache (CPU attention takes it on
+# AVX-512), an fp32 lm_head, and a rope_theta override that vLLM 0.32 ignores under transformers 5 (its Qwen2 reads
+# rope_parameters). Scheduling, so the preemption, depends on the lengths only.
+PREEMPTION_SAMPLING = {
+    "pre-a": {"temperature": 0.7, "top_p": 0.9, "seed": 3},
+    "pre-b": {"temperature": 1.3, "top_k": 5, "min_p": 0.05, "seed": 4},
+}
+EVIDENCE_ENGINE = {
+    "dtype": "bfloat16",
+    "kv_cache_dtype": "fp8_e4m3",
+    "hf_overrides": {"head_dtype": "float32", "rope_theta": 500000.0},
+}
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory, model_dir) -> tuple[EngineRun, Path]:
+    work = tmp_path_factory.mktemp("preempted")
+    config = msprobe_config(work / "generate.json", work / "gen", task="tensor")
+    wave = [
+        {"id": rid, "prompt": prompt, "max_tokens": n, "sampling": PREEMPTION_SAMPLING.get(rid, {})}
+        for rid, prompt, n in PREEMPTION_REQUESTS
+    ]
+    scenario = {"model": model_dir, "engine": {**PREEMPTION_ENGINE, **EVIDENCE_ENGINE}, "waves": [wave]}
+    env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run = run_engine(work, scenario, **env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run, work / "gen"
+
+
+def test_a_preempted_request_comes_back_as_one_prefill_row_of_its_prompt_and_generated_tokens(preempted):
     """vLLM V1 preempts by recompute: the KV cache of the request is freed, and when it is scheduled again all its
     tokens are fed anew in one step. What the dispatch log must say then, checked against the dumped tokens."""
-    config = msprobe_config(tmp_path / "generate.json", tmp_path / "gen", task="tensor")
-    wave = [{"id": rid, "prompt": prompt, "max_tokens": n} for rid, prompt, n in PREEMPTION_REQUESTS]
-    scenario = {"model": model_dir, "engine": PREEMPTION_ENGINE, "waves": [wave]}
-    env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    run = run_engine(tmp_path, scenario, **env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    (folder,) = (tmp_path / "gen").iterdir()
-    pid, lines = int(folder.name), dispatch_log(tmp_path / "gen", int(folder.name))
+    run, root = preempted
+    (folder,) = root.iterdir()
+    pid, lines = int(folder.name), dispatch_log(root, int(folder.name))
     prompts = {rid: prompt for rid, prompt, _ in PREEMPTION_REQUESTS}
     fed = dict.fromkeys(prompts, 0)
     resumed = []
     for line in lines:
-        tokens = embedding_input(tmp_path / "gen", pid, line["step"])
+        tokens = embedding_input(root, pid, line["step"])
         for row in line["requests"]:
             rid = row["request_id_base"]
             sequence = prompts[rid] + run.outputs[rid]
@@ -246,6 +274,48 @@ def test_a_preempted_request_comes_back_as_one_prefill_row_of_its_prompt_and_gen
     assert PREEMPTED not in {row["request_id_base"] for row in lines[step - 1]["requests"]}
     assert fed == {rid: len(prompts[rid]) + len(run.outputs[rid]) - 1 for rid in prompts}
     assert {rid: len(ids) for rid, ids in run.outputs.items()} == {rid: n for rid, _, n in PREEMPTION_REQUESTS}
+
+
+def test_the_engine_and_request_evidence_say_what_the_engine_ran_and_was_given(preempted, model_dir):
+    run, root = preempted
+    (folder,) = root.iterdir()
+    (engine,) = read_log(folder / ENGINE_LOG)  # one model load
+    assert (engine["side"], engine["engine"], engine["version"], engine["pid"]) == (
+        "generate",
+        "vllm",
+        "0.32.0",
+        int(folder.name),
+    )
+    assert engine["numerics"] == {
+        "model_dtype": "bfloat16",
+        "kv_cache_dtype": "fp8_e4m3",
+        "head_dtype": "float32",
+        "attention_backend": "CPU_ATTN",
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "expert_parallel": 1,
+        "prefix_caching": False,
+        "chunked_prefill": True,
+        "eager": True,
+        "quantization": None,
+        "logprobs_mode": "raw_logprobs",  # vLLM's default
+        "max_model_len": PREEMPTION_ENGINE["max_model_len"],
+    }
+    checkpoint = json.loads((Path(model_dir) / "config.json").read_text())
+    config = engine["model_config"]
+    for field in ("rms_norm_eps", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        assert config[field] == checkpoint[field], field
+    # the override reached the config object, not the model: the rotary module's base is the checkpoint's
+    assert (config["rope_theta"], config["rope_theta_source"]) == (10000.0, "rotary module")
+    assert engine["model_config_fingerprint"].startswith("cfg-v1:")
+    requests = read_log(folder / REQUESTS_LOG)
+    # once each: the preempted request comes back among the running ones, not as a new one
+    assert [(r["base"], r["prompt_len"], r["prompt_token_ids"]) for r in requests] == [
+        (rid, len(prompt), prompt) for rid, prompt, _ in PREEMPTION_REQUESTS
+    ]
+    for request in requests:
+        asked = {"temperature": 0.0, "seed": None, **PREEMPTION_SAMPLING.get(request["base"], {})}
+        assert {key: request["sampling"][key] for key in asked} == asked, request["base"]
 
 
 def test_an_engine_that_is_not_eager_is_refused_with_one_line(tmp_path, model_dir):

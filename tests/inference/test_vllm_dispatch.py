@@ -24,12 +24,13 @@ from support.vllm_standin import (
     dump_of,
     dumped_steps,
     generate_config,
+    read_log,
     row_tuples,
     run_child,
     run_scenario,
 )
 
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, prompt_hash
 from msprobe_hooks.patches.vllm.runner_state import randomizes_request_ids
 
 pytestmark = pytest.mark.interpreter  # starts fresh interpreters (make test-fast leaves it out)
@@ -69,6 +70,56 @@ def test_one_line_per_model_step_in_packed_order(tmp_path):
             assert row["prompt_hash"] == prompt_hash(PROMPTS[client])
         assert line["num_requests"] == len(rows)
         assert line["total_num_scheduled_tokens"] == sum(r["tokens"] for r in rows)
+
+
+# The evidence beside the log: the MIXED run, A sampled, the rope override vLLM 0.32 ignores under transformers 5,
+# an fp8 KV cache, and the model loaded again before step 3 (steps with no tokens count: the report's steps).
+EVIDENCE = {
+    **MIXED,
+    "requests": [
+        {**MIXED["requests"][0], "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 11}},
+        *MIXED["requests"][1:],
+    ],
+    "hf_overrides": {"rope_theta": 500000.0},
+    "kv_cache_dtype": "fp8_e4m3",
+    "reload_at_step": 3,
+}
+
+
+def test_engine_and_request_evidence_beside_an_unchanged_dispatch_log(tmp_path, baseline):
+    result = run_scenario(tmp_path, EVIDENCE)
+    assert result.returncode == 0, result.stderr
+    report = result.json()
+    assert report["outputs"] == baseline  # the stand-in samples greedily whatever the parameters
+    folder = tmp_path / "out" / "generate" / str(report["pid"])
+    assert [row_tuples(line) for line in dispatch_log(tmp_path / "out" / "generate", report["pid"])] == MIXED_ROWS
+    first, reloaded = read_log(folder / ENGINE_LOG)  # the first step's, and the first after the reload
+    assert first["numerics"] == reloaded["numerics"]
+    assert (first["engine"], first["version"], first["side"], first["pid"]) == (
+        "vllm",
+        "0.23.0",
+        "generate",
+        report["pid"],
+    )
+    numerics = first["numerics"]
+    assert (numerics["model_dtype"], numerics["kv_cache_dtype"], numerics["head_dtype"]) == (
+        "float32",
+        "fp8_e4m3",
+        "float32",
+    )
+    assert (numerics["tensor_parallel"], numerics["prefix_caching"], numerics["eager"]) == (1, True, True)
+    assert (first["model_config"]["rope_theta"], first["model_config"]["rope_theta_source"]) == (
+        10000.0,
+        "rotary module",
+    )
+    requests = read_log(folder / REQUESTS_LOG)
+    ids = report["ids"]
+    assert [(r["request_id"], r["base"], r["prompt_token_ids"]) for r in requests] == [
+        (ids[client], client, PROMPTS[client]) for client in ("A", "B", "C", "D")
+    ]  # once each, though A and B run over several steps
+    sampled = requests[0]["sampling"]
+    assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["seed"]) == (0.7, 0.9, 5, 11)
+    assert {r["sampling"]["temperature"] for r in requests[1:]} == {1.0}
 
 
 # X finishes after one step and frees row 0, which B then takes: the packed order of step 1 is

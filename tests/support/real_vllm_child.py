@@ -5,16 +5,16 @@ by the environment, exactly as under ``msprobe-hooks run``. Usage::
 
     python real_vllm_child.py SCENARIO.json REPORT.json
 
-The scenario (JSON): ``model`` (a model folder), ``engine`` (keyword arguments of ``vllm.LLM``
-over the test defaults below), ``waves`` (lists of requests ``{"id", "prompt", "max_tokens"}``:
-the requests of a wave are added together and run until all are finished, then the next wave
-starts), ``wave_steps`` (optional, one entry per wave: run that many engine steps after adding the
-wave, then add the next one while its requests still run; ``null``: until all are finished, the
-default), ``logprobs`` (report the sampled tokens' log-probs too) and ``rounds`` (generations of all
-the waves, 1 by default). Which step packs what is fixed by the waves only with vLLM's engine core in
-this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): in its own process it schedules as requests arrive.
-With ``serve: true`` the child instead prints ``SERVE ready`` once the engine is up, then runs one
-generation per ``go`` line read from stdin and prints ``SERVE <wall seconds>`` (the benchmark's
+The scenario (JSON): ``model`` (a model folder), ``engine`` (keyword arguments of ``vllm.LLM`` over the test
+defaults below), ``waves`` (lists of requests ``{"id", "prompt", "max_tokens"}``, with an optional
+``sampling``, keyword arguments of ``SamplingParams`` over greedy decoding: the requests of a wave are added
+together and run until all are finished, then the next wave starts), ``wave_steps`` (optional, one entry per
+wave: run that many engine steps after adding the wave, then add the next one while its requests still run;
+``null``: until all are finished, the default), ``logprobs`` (report the sampled tokens' log-probs too) and
+``rounds`` (generations of all the waves, 1 by default). Which step packs what is fixed by the waves only with
+vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): in its own process it schedules as
+requests arrive. With ``serve: true`` the child instead prints ``SERVE ready`` once the engine is up, then
+runs one generation per ``go`` line read from stdin and prints ``SERVE <wall seconds>`` (the benchmark's
 interleaving; vLLM logs to stdout too, hence the prefix).
 
 The report (JSON): ``outputs`` (client id -> generated token ids, of the last round), ``logprobs``
@@ -51,8 +51,9 @@ def generate(
     limits = wave_steps or [None] * len(waves)
     for index, (wave, limit) in enumerate(zip(waves, limits, strict=True)):
         for request in wave:
+            greedy = {"temperature": 0.0, "logprobs": 0 if logprobs else None}
             params = SamplingParams(
-                temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True, logprobs=0 if logprobs else None
+                max_tokens=request["max_tokens"], ignore_eos=True, **{**greedy, **request.get("sampling", {})}
             )
             engine.add_request(request["id"], {"prompt_token_ids": request["prompt"]}, params)
         taken = 0

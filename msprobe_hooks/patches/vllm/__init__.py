@@ -33,6 +33,11 @@ VLLM_MODEL_RUNNER = Patch(
     "eager. With MSPROBE_HOOKS_ROUTING=1, on the first step it sets the capture hook of every MoE router of the "
     "loaded model (router.set_capture_fn on each MoERunner, looked for, not assumed: one line when there is "
     "none) and writes the ids each router chose, per step, into routed_experts.jsonl beside the dispatch log. "
+    "Beside it too: engine.jsonl, one line at the first step after each model load (the numerics settings read "
+    "from the runner's configs, attention groups and loaded model: dtypes of the model, KV cache and lm_head, "
+    "parallel sizes, the effective HF config's numerics fields, the rotary modules' base, a config fingerprint), "
+    "and requests.jsonl, one line per request in SchedulerOutput.scheduled_new_reqs (sampling parameters, prompt "
+    "token ids; resumed requests come among the cached ones). "
     "__init__ re-applies wrappers replaced since import (vLLM-Ascend 0.13 swaps _update_states).",
     retire_when="vLLM logs per-step request dispatch itself (ids, offsets, computed tokens) and has an msprobe "
     "switch like vLLM-Ascend's additional_config.dump_config_path.",

@@ -26,7 +26,7 @@ from typing import Any, TypeGuard
 from msprobe_hooks.config import read_msprobe_config
 from msprobe_hooks.inference.dispatch_log import open_log
 from msprobe_hooks.log import logger
-from msprobe_hooks.patches.vllm import VLLM_MODEL_RUNNER
+from msprobe_hooks.patches.vllm import VLLM_MODEL_RUNNER, evidence
 from msprobe_hooks.patches.vllm.batch import not_eager, scheduled_requests
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner, set_state, state_of
 from msprobe_hooks.patching import PatchContext, Refusal, TargetChanged, argument, is_ours
@@ -80,6 +80,11 @@ def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple,
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
+    if not state.describes(runner):  # the model is loaded by the first step; a reload replaces it
+        ctx.guarded("recording the engine's numerics settings", evidence.describe_engine, state, runner)
+    new_requests = scheduler_output.scheduled_new_reqs
+    if new_requests:
+        ctx.guarded("recording the new requests", evidence.record_requests, state, new_requests)
     if ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
         ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
     if state.routing is not None:

@@ -25,6 +25,7 @@ from msprobe_hooks.inference.dispatch_log import (
     StepWindow,
     open_log,
 )
+from msprobe_hooks.inference.evidence import EvidenceLogs
 from msprobe_hooks.inference.routed_experts import RoutingRecorder
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG, strip_vllm_suffix
 from msprobe_hooks.log import logger
@@ -73,6 +74,26 @@ class VllmRunner(RunnerLog):
         self.routing: RoutingRecorder | None = None  # MSPROBE_HOOKS_ROUTING: the routers' choices of each step
         self.routing_bound = False  # the routers were looked for (once the model is loaded)
         self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
+        self.evidence: EvidenceLogs | None = None  # engine.jsonl and requests.jsonl, beside the dispatch log
+        self.described: tuple[Any, Any] | None = None  # (model, model_config) of the last engine.jsonl line
+
+    # --- the evidence beside the dispatch log (engine.jsonl, requests.jsonl) ---------------------
+
+    def describes(self, runner: Any) -> bool:
+        """Whether the last ``engine.jsonl`` line describes the runner's model as loaded now (identity only: two
+        attribute reads a step; a reload or ``update_config`` replaces the objects)."""
+        described = self.described
+        return (
+            described is not None
+            and getattr(runner, "model", None) is described[0]
+            and runner.model_config is described[1]
+        )
+
+    def evidence_logs(self) -> EvidenceLogs:
+        """The files :mod:`.evidence` writes, under the dispatch log's root."""
+        if self.evidence is None or self.evidence.root != self.dump_root:  # beside the dispatch log, wherever it went
+            self.evidence = EvidenceLogs(self.dump_root)
+        return self.evidence
 
     def write(
         self,
@@ -161,11 +182,14 @@ class VllmRunner(RunnerLog):
         # A model step no start() covered (an early return between _update_states and start()).
         self.write(self.counter.take(), False, window.requests or [])
 
+    def client_id(self, request_id: str) -> str:
+        """The id the client sent, from the engine's."""
+        return strip_vllm_suffix(request_id) if self.strips_suffix else request_id
+
     def identify(self, runner: Any, request_id: str) -> tuple[str, str | None]:
         """(the id the client sent, the prompt hash) of a request the runner holds."""
-        base = strip_vllm_suffix(request_id) if self.strips_suffix else request_id
         cached = runner.requests.get(request_id)
-        return base, self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
+        return self.client_id(request_id), self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
 
     # --- driving msprobe (GPU vLLM) ------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """Test driver (not a stand-in): run a scenario through the stand-in engine and report what happened.
 
 ``run(scenario)`` builds a VllmConfig from the scenario, adds each request before the step it is due
-(``at_step``), steps until every request has finished and been freed, and returns JSON-able facts:
+(``at_step``, with optional ``sampling`` parameters), steps until every request has finished and been freed
+(``reload_at_step``: the worker loads its model again before that step; single process only), and returns
+JSON-able facts:
 this process's pid, the worker pids, the engine's id for each client id, each step's scheduled tokens,
 each request's generated tokens. ``kill_worker_at_step``: at that step, hand the step to the (only)
 worker process and SIGKILL it while it works.
@@ -17,9 +19,14 @@ from vllm.v1.engine.llm_engine import LLMEngine
 def make_config(scenario: dict) -> VllmConfig:
     return VllmConfig(
         model_config=ModelConfig(
-            enforce_eager=scenario.get("enforce_eager", True), fail_on_forward=scenario.get("fail_on_forward")
+            enforce_eager=scenario.get("enforce_eager", True),
+            fail_on_forward=scenario.get("fail_on_forward"),
+            hf_overrides=scenario.get("hf_overrides", {}),
         ),
-        cache_config=CacheConfig(enable_prefix_caching=scenario.get("prefix_caching", False)),
+        cache_config=CacheConfig(
+            enable_prefix_caching=scenario.get("prefix_caching", False),
+            cache_dtype=scenario.get("kv_cache_dtype", "auto"),
+        ),
         scheduler_config=SchedulerConfig(
             max_num_batched_tokens=scenario.get("budget", 256), max_num_seqs=scenario.get("max_num_seqs", 8)
         ),
@@ -46,7 +53,11 @@ def run(scenario: dict) -> dict:
     while pending or engine.scheduler.has_requests():
         while pending and pending[0].get("at_step", 0) <= len(steps):
             request = pending.pop(0)
-            ids[request["id"]] = engine.add_request(request["id"], request["prompt"], request.get("max_tokens", 2))
+            ids[request["id"]] = engine.add_request(
+                request["id"], request["prompt"], request.get("max_tokens", 2), request.get("sampling")
+            )
+        if scenario.get("reload_at_step") == len(steps):  # the worker loads its model anew (same process)
+            executor.worker.load_model()
         if scenario.get("kill_worker_at_step") == len(steps):
             executor.connections[0].send(("execute_model", (engine.scheduler.schedule(),)))
             os.kill(worker_pids[0], signal.SIGKILL)

@@ -14,9 +14,19 @@ class ToyDecoderLayer(nn.Module):
         return hidden_states + torch.tanh(self.mlp(self.norm(hidden_states)))
 
 
-class ToyForCausalLM(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, num_layers: int = 2) -> None:
+class ToyRotaryEmbedding(nn.Module):
+    """Shaped like vLLM's RotaryEmbedding (``base``, ``rotary_dim``); the toy adds positions instead."""
+
+    def __init__(self, rotary_dim: int, base: float) -> None:
         super().__init__()
+        self.rotary_dim = rotary_dim
+        self.base = base
+
+
+class ToyForCausalLM(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, num_layers: int = 2, rope_theta: float = 10000.0) -> None:
+        super().__init__()
+        self.rotary_emb = ToyRotaryEmbedding(hidden_size, rope_theta)
         self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList(ToyDecoderLayer(hidden_size) for _ in range(num_layers))
         self.lm_head = nn.Linear(hidden_size, vocab_size, bias=False)

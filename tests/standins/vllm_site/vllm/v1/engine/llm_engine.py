@@ -17,11 +17,15 @@ class LLMEngine:
         self.model_executor = executor_class(vllm_config)
         self.requests: dict[str, Request] = {}
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], max_tokens: int = 4) -> str:
-        """Returns the engine's id: the client's id plus a random suffix from 0.14 on."""
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], max_tokens: int = 4, sampling: dict | None = None
+    ) -> str:
+        """Returns the engine's id: the client's id plus a random suffix from 0.14 on. (The stand-in samples greedily
+        whatever ``sampling`` says; the parameters reach the runner as vLLM's do.)"""
         if randomizes_request_ids():
             request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        request = self.requests[request_id] = Request(request_id, list(prompt_token_ids), SamplingParams(max_tokens))
+        params = SamplingParams(max_tokens, **(sampling or {}))
+        request = self.requests[request_id] = Request(request_id, list(prompt_token_ids), params)
         self.scheduler.add_request(request)
         return request_id
 

@@ -72,7 +72,10 @@ class GPUModelRunner:
 
     def load_model(self) -> None:
         torch.manual_seed(self.model_config.seed)
-        self.model = ToyForCausalLM(self.model_config.vocab_size, self.model_config.hidden_size).eval()
+        # rope from rope_parameters, as vLLM 0.32's models under transformers 5: a top-level rope_theta is not read
+        rope_theta = self.model_config.hf_config.rope_parameters["rope_theta"]
+        self.model = ToyForCausalLM(self.model_config.vocab_size, self.model_config.hidden_size, rope_theta=rope_theta)
+        self.model.eval()
 
     def get_model(self) -> torch.nn.Module:
         return self.model

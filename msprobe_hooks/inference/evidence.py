@@ -1,0 +1,83 @@
+"""What an inference process records beside its dispatch log, for a diagnosis of the kind of cause.
+
+* ``{generate dump_path}/{pid}/engine.jsonl``: one line per model load, the engine's numerics settings and model
+  configuration (the shape is :func:`msprobe_hooks.numerics.engine_record`, shared with the training side);
+* ``{generate dump_path}/{pid}/requests.jsonl``: one line per request, when the engine first schedules it::
+
+    {"request_id": "req-1-1a2b3c4d", "base": "req-1", "time": 1778666400.104512,
+     "sampling": {"temperature": 0.8, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "presence_penalty": 0.0,
+                  "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logprobs": 0, "seed": null},
+     "prompt_len": 6, "prompt_token_ids": [3, 4, 5, 6, 7, 8]}
+
+The engine patches read their engine's objects and hand the values here; reading a setting never raises into
+the engine (:func:`read_settings`: a failure gives null and one log line per record).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, clock
+from msprobe_hooks.jsonl import JsonlLog, encode
+
+
+class EvidenceLogs:
+    """The two files of one inference process under a generate dump root."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.engine = JsonlLog(root, ENGINE_LOG)
+        self.requests = JsonlLog(root, REQUESTS_LOG)
+
+    def write_engine(self, record: Mapping[str, Any]) -> None:
+        self.engine.write(dict(record))
+
+    def write_requests(self, lines: Sequence[str]) -> None:
+        """The lines of a step's new requests (:func:`request_line`), in one write."""
+        if lines:
+            self.requests.write_line("\n".join(lines))
+
+
+def request_line(
+    request_id: str | None,
+    base: str | None,
+    sampling: Mapping[str, Any] | None,
+    prompt_token_ids: Iterable[int] | None,
+) -> str:
+    """One ``requests.jsonl`` line, encoded: ``prompt_token_ids`` are the ids the engine was fed (None: a prompt
+    given otherwise, as embeddings)."""
+    ids = prompt_token_ids if prompt_token_ids is None or isinstance(prompt_token_ids, list) else list(prompt_token_ids)
+    return encode(
+        {
+            "request_id": request_id,
+            "base": base,
+            "time": clock(),
+            "sampling": None if sampling is None else dict(sampling),
+            "prompt_len": None if ids is None else len(ids),
+            "prompt_token_ids": ids,
+        }
+    )
+
+
+def read_settings(readers: Mapping[str, Callable[[], Any]], failures: list[str]) -> dict[str, Any]:
+    """Each reader's value by its key. A setting the engine does not have (``AttributeError``) is None; any other
+    failure is None too, and named in ``failures`` (the caller logs them in one line: :func:`report_unread`)."""
+    values = {}
+    for key, read in readers.items():
+        try:
+            values[key] = read()
+        except AttributeError:
+            values[key] = None
+        except Exception as exc:  # a setting unread must never stop the engine
+            values[key] = None
+            failures.append(f"{key} ({type(exc).__name__}: {exc})")
+    return values
+
+
+def report_unread(filename: str, failures: Sequence[str]) -> None:
+    """One warning naming every setting a record leaves null because reading it failed."""
+    if failures:
+        from msprobe_hooks.log import logger
+
+        logger().warning("%s: could not read %s; written as null", filename, ", ".join(failures))

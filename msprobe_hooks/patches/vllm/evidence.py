@@ -159,7 +159,8 @@ def _rope_bases(model: Any) -> list[float]:
     bases: list[float] = []
     for module in model.modules():
         base = getattr(module, "base", None)
-        rotary = isinstance(base, (int, float)) and not isinstance(base, bool) and hasattr(module, "rotary_dim")
-        if rotary and float(base) not in bases:
+        if not isinstance(base, (int, float)) or isinstance(base, bool) or not hasattr(module, "rotary_dim"):
+            continue
+        if float(base) not in bases:
             bases.append(float(base))
     return bases

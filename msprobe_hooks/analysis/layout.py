@@ -86,3 +86,7 @@ def engine_log(process: str) -> str:
 def requests_log(process: str) -> str:
     """The per-request log of an inference process folder ``{root}/{pid}`` (written or not)."""
     return os.path.join(process, REQUESTS_LOG)
+
+
+# A pair's side file (a field of pairs.jsonl's sides) -> where it is in a process folder ``{root}/{pid}``.
+PROCESS_FILES = {"routed_experts_log": routed_experts_log, "engine_log": engine_log, "requests_log": requests_log}

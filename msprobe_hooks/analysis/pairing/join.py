@@ -19,6 +19,7 @@ from msprobe_hooks.analysis.pairing.candidates import (
 from msprobe_hooks.analysis.pairing.logs import GenerateRow, GenerateStep, TrainDump, Warn
 from msprobe_hooks.analysis.pairing.pairs import (
     LOG_FORMATS,
+    PROCESS_FILES,
     GenerateSide,
     JoinRule,
     Pair,
@@ -55,7 +56,7 @@ class Join:
     config_request_ids: frozenset[str] = frozenset()
     ledger: Ledger = field(default_factory=Ledger)
     _gap_logs_of: dict[str, list[str] | None] = field(default_factory=dict)  # training root -> its gap logs
-    _routed_of: dict[str, str | None] = field(default_factory=dict)  # inference process folder -> its routing log
+    _found: dict[tuple[str, str], str | None] = field(default_factory=dict)  # (process folder, field) -> its file
 
     def same_round(self, dump: TrainDump, candidates: list[Candidate]) -> list[Candidate]:
         """The candidates of the rollout that produced ``dump``'s sample; the others are refused.
@@ -104,7 +105,7 @@ class Join:
     ) -> Pair:
         """The pair of ``dump`` (its dump at ``train_path``) and ``chosen``; numbered when the run collects it."""
         step, row = chosen.step, chosen.row
-        return Pair(
+        pair = Pair(
             pair=0,
             rule=rule,
             key=key,
@@ -132,9 +133,12 @@ class Join:
                 offset=row.offset,
                 tokens=row.tokens,
                 format=LOG_FORMATS[step.recipe],
-                routed_experts_log=self._routed_experts_log(step.log),
             ),
         )
+        for side, log in ((pair.train, dump.log), (pair.generate, step.log)):
+            for name, path in self._process_files(log, PROCESS_FILES[side.SIDE]).items():
+                setattr(side, name, path)
+        return pair
 
     def shard(self, candidate: Candidate) -> Shard:
         return Shard(dump=self._path(generate_dump(candidate.step)), **self._whence(candidate.step))
@@ -146,13 +150,15 @@ class Join:
             self._gap_logs_of[root] = [self._path(gap) for gap in layout.gap_logs(root)] or None
         return self._gap_logs_of[root]
 
-    def _routed_experts_log(self, log: str) -> str | None:
-        """The routed-experts log beside a dispatch log, as the pairs file names it; None when not written."""
+    def _process_files(self, log: str, names: tuple[str, ...]) -> dict[str, str | None]:
+        """The side files beside a process's log (:data:`.pairs.PROCESS_FILES`), as the pairs file names them; None
+        where not written."""
         process = layout.process_folder(log)
-        if process not in self._routed_of:
-            found = layout.routed_experts_log(process)
-            self._routed_of[process] = self._path(found) if os.path.isfile(found) else None
-        return self._routed_of[process]
+        for name in names:
+            if (process, name) not in self._found:
+                found = layout.PROCESS_FILES[name](process)
+                self._found[process, name] = self._path(found) if os.path.isfile(found) else None
+        return {name: self._found[process, name] for name in names}
 
     def _whence(self, entry: TrainDump | GenerateStep) -> dict[str, Any]:
         """Where a side of a pair was logged: its msprobe step, rank, process, log file and line."""

@@ -48,7 +48,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from msprobe_hooks import jsonl
 from msprobe_hooks.analysis import layout
@@ -83,6 +83,8 @@ class _Side:
 class TrainSide(_Side):
     """The training dump of a pair and the log line that described it."""
 
+    SIDE: ClassVar[str] = "train"
+
     global_step: Any = None
     micro_batch: Any = None
     sample: int | None = None
@@ -92,6 +94,7 @@ class TrainSide(_Side):
     rows: list[int] | None = None  # [start, stop) of the sample's token rows in the dump; None: all of them
     layer_offset: int | None = None  # Megatron pipeline stage: its layer 0 is the model's layer layer_offset
     gap_logs: list[str] | None = None  # every training process's logprob_gap.jsonl; None: none found
+    engine_log: str | None = None  # its process's engine.jsonl (the engine's numerics settings); None: none found
 
 
 @dataclass
@@ -110,6 +113,8 @@ class Shard:
 class GenerateSide(_Side):
     """The inference dump of a pair and the dispatch-log line of its step."""
 
+    SIDE: ClassVar[str] = "generate"
+
     engine: str | None = None
     request_id: str | None = None
     filtered: bool = False
@@ -120,10 +125,17 @@ class GenerateSide(_Side):
     rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
     shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
     routed_experts_log: str | None = None  # its process's routed_experts.jsonl; None: none found
+    engine_log: str | None = None  # its process's engine.jsonl (the engine's numerics settings); None: none found
+    requests_log: str | None = None  # its process's requests.jsonl (sampling, prompt ids); None: none found
 
 
 # Fields written only when set: a pair of a TP=1 engine, of a dense model, reads as it always has.
-_OPTIONAL = frozenset({"shards", "layer_offset", "gap_logs", "routed_experts_log"})
+_OPTIONAL = frozenset({"shards", "layer_offset", "gap_logs", "routed_experts_log", "engine_log", "requests_log"})
+# The files of a side's own process folder that later stages read, by field: where the layout puts them.
+PROCESS_FILES: dict[str, tuple[str, ...]] = {
+    "train": ("engine_log",),
+    "generate": ("routed_experts_log", "engine_log", "requests_log"),
+}
 
 
 @dataclass
@@ -225,7 +237,9 @@ def read(path: str) -> Iterator[Pair]:
                 shard["dump"] = resolve(shard["dump"], path)
                 _resolve_log(shard, path)
         record["train"]["gap_logs"] = side_files.gap_logs(record["train"], where)
-        record["generate"]["routed_experts_log"] = side_files.routed_experts_log(record["generate"], where)
+        for side, fields in PROCESS_FILES.items():
+            for name in fields:
+                record[side][name] = side_files.process_file(record[side], side, name, where)
         if record.get("kind", PairKind.PREFILL) not in list(PairKind):
             kinds = ", ".join(PairKind)
             raise PairsFileError(f"{where}: kind {record['kind']!r}; accepted: {kinds}")
@@ -249,7 +263,7 @@ class _SideFiles:
     def __init__(self, pairs_file: str) -> None:
         self.pairs_file = pairs_file
         self._gap_logs: dict[str, list[str] | None] = {}  # training root -> its gap logs
-        self._routed: dict[str, str | None] = {}  # inference process folder -> its routed-experts log, if written
+        self._found: dict[tuple[str, str], str | None] = {}  # (process folder, field) -> its file, if written
 
     def gap_logs(self, train: dict[str, Any], where: str) -> list[str] | None:
         named = train.get("gap_logs")
@@ -265,14 +279,22 @@ class _SideFiles:
             self._gap_logs[root] = layout.gap_logs(root) or None
         return self._gap_logs[root]
 
-    def routed_experts_log(self, generate: dict[str, Any], where: str) -> str | None:
-        named = generate.get("routed_experts_log")
+    def process_file(self, side: dict[str, Any], which: str, name: str, where: str) -> str | None:
+        """The side's file ``name`` (a field of :data:`PROCESS_FILES`): as named, else where the layout puts it in
+        the side's process folder, if it is there."""
+        named = side.get(name)
         if named is not None:
             if not isinstance(named, str) or not named:
-                raise PairsFileError(f"{where}: generate.routed_experts_log must be a path")
+                raise PairsFileError(f"{where}: {which}.{name} must be a path")
             return resolve(named, self.pairs_file)
-        process = layout.generate_process(generate["dump"])
-        if process not in self._routed:
-            found = layout.routed_experts_log(process)
-            self._routed[process] = found if os.path.isfile(found) else None
-        return self._routed[process]
+        log = side.get("log")
+        if which == "generate":
+            process = layout.generate_process(side["dump"])
+        elif isinstance(log, str) and log:
+            process = layout.process_folder(log)
+        else:
+            return None
+        if (process, name) not in self._found:
+            found = layout.PROCESS_FILES[name](process)
+            self._found[process, name] = found if os.path.isfile(found) else None
+        return self._found[process, name]

@@ -8,11 +8,12 @@ file names from here too, without importing the runtime that writes them.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import struct
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # The logs, one file per process under {dump root}/{pid}/, and their ``source`` values (the published recipe's).
@@ -22,6 +23,7 @@ GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor l
 GAP_SOURCE = "logprob_gap"
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
 ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
+ENGINE_LOG = "engine.jsonl"  # one line per engine process (training and inference): its numerics settings
 # What a training window holds (its log line's "dump"): a micro-batch's forward, one sample's prompt alone
 # (PROMPTS_ONLY=1), or one sample's whole sequence (DUMP_SEQUENCES=1).
 MICRO_BATCH_WINDOW, PROMPT_WINDOW, SEQUENCE_WINDOW = "micro_batch", "prompt", "sequence"
@@ -88,3 +90,95 @@ def timestamp() -> str:
     if _last_timestamp[0] != second:  # one tuple assigned at once: safe across threads
         _last_timestamp = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second)))
     return _last_timestamp[1]
+
+
+# The HF configuration fields that change a forward's numbers, written as they are (those a configuration has) in the
+# "model_config" of both sides' engine.jsonl lines (both spellings of RoPE's: transformers 5 moved rope_theta and
+# rope_scaling into rope_parameters).
+MODEL_CONFIG_FIELDS = (
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "hidden_act",
+    "vocab_size",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "attention_bias",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "norm_topk_prob",
+)
+
+# The model configuration's fingerprint, written by both sides in engine.jsonl: equal fingerprints, equal numerics
+# fields. Left out (at every level of nesting) are the fields that say how a configuration was named, loaded or
+# served, and that two engines loading one model set differently without changing a number of the forward:
+CONFIG_FINGERPRINT_VERSION = "cfg-v1"
+CONFIG_FINGERPRINT_EXCLUDED = frozenset(
+    {
+        # where it came from and which code reads it
+        "_name_or_path",
+        "name_or_path",
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "_commit_hash",
+        # the dtype it was loaded in and the attention kernel: each engine's numerics say what it computes in
+        "torch_dtype",
+        "dtype",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "_experts_implementation",
+        # what a forward returns, not what it computes
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "use_return_dict",
+        "torchscript",
+        # verl overwrites these from the tokenizer (HFModelConfig), and turns multi-token prediction layers off
+        # (they are not on the path of the main logits)
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "num_nextn_predict_layers",
+        "mtp_num_hidden_layers",
+        # classification heads' labels
+        "id2label",
+        "label2id",
+        "problem_type",
+    }
+)
+
+
+def config_fingerprint(config_dict: Mapping[str, Any]) -> str:
+    """``cfg-v1:`` and the SHA-256 of a model configuration's ``to_dict()`` as canonical JSON (sorted keys, no
+    spaces), the fields of :data:`CONFIG_FINGERPRINT_EXCLUDED` left out at every level."""
+    canonical = json.dumps(_numerics_fields(config_dict), sort_keys=True, separators=(",", ":"), default=str)
+    return f"{CONFIG_FINGERPRINT_VERSION}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+def _numerics_fields(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _numerics_fields(v) for k, v in value.items() if k not in CONFIG_FINGERPRINT_EXCLUDED}
+    if isinstance(value, (list, tuple)):
+        return [_numerics_fields(v) for v in value]
+    return value

@@ -34,6 +34,8 @@ BOOL_VALUES = ", ".join(f"{on}/{off}" for on, off in zip(_TRUE, _FALSE[1:], stri
 DUMP_PHASES = (LOG_PROB, UPDATE_ACTOR, EVERY_PHASE) = ("log_prob", "update_actor", "all")
 PROMPTS_ONLY_MODES = ("off", "forward", "trim")  # named in training/prompts_only.py
 GENERATE_FORWARDS = (PREFILL_FORWARDS, EVERY_FORWARD) = ("prefill", "all")
+# Which samples' logprob_gap.jsonl lines carry their tokens (MSPROBE_HOOKS_GAP_TOKENS).
+GAP_TOKENS = (GAP_TOKENS_DUMPED, GAP_TOKENS_ALL, GAP_TOKENS_NONE) = ("dumped", "all", "none")
 PREFLIGHT_MODES = (PREFLIGHT_WARN, PREFLIGHT_ERROR) = ("warn", "error")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 EVERY_PATCH = "*"  # in MSPROBE_HOOKS_DISABLE
@@ -319,6 +321,15 @@ VARIABLES: tuple[Variable, ...] = (
         "logprob_gap.jsonl counts it in `over` (the line's max and mean do not depend on it).",
     ),
     Variable(
+        PREFIX + "GAP_TOKENS",
+        "gap_tokens",
+        Choice(GAP_TOKENS),
+        GAP_TOKENS_DUMPED,
+        "Which samples' logprob_gap.jsonl lines carry their tokens: token_ids (the sequence the training forward "
+        "was fed) and, per response token, log_probs and rollout_log_probs. dumped: the samples of log-prob "
+        "passes DUMP_PHASE dumps (those DUMP_REQUEST_IDS names, when set); all: every sample; none: no sample.",
+    ),
+    Variable(
         PREFIX + "OUTPUT_DIR",
         "output_dir",
         DumpDir(),
@@ -403,6 +414,7 @@ class Config(Record):
     generate_forwards: str
     routing: bool
     gap_threshold: float
+    gap_tokens: str
     output_dir: str
     strict: bool
     disabled: frozenset[str]

@@ -80,9 +80,47 @@ CONFIG_FIELDS = (
 ROPE_FROM_MODULE, ROPE_FROM_CONFIG = "rotary module", "config"
 
 CONFIG_FINGERPRINT_VERSION = "cfg-v1"
-# Keys that say where and with which library a config was read, not what the model computes: left out of the
-# fingerprint, so the same checkpoint read from two paths (the trainer's copy, the rollout's) fingerprints alike.
-FINGERPRINT_IGNORED = frozenset({"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"})
+# Left out of the fingerprint (at every level of nesting): the fields that say how a configuration was named, loaded
+# or served, and that two engines loading one model set differently without changing a number of the forward; so the
+# same checkpoint read from two paths (the trainer's copy, the rollout's) fingerprints alike.
+FINGERPRINT_IGNORED = frozenset(
+    {
+        # where it came from and which code reads it
+        "_name_or_path",
+        "name_or_path",
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "_commit_hash",
+        # the dtype it was loaded in and the attention kernel: each engine's numerics say what it computes in
+        "torch_dtype",
+        "dtype",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "_attn_implementation_internal",
+        "_experts_implementation",
+        # what a forward returns, not what it computes
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "use_return_dict",
+        "torchscript",
+        # verl overwrites these from the tokenizer (HFModelConfig), and turns multi-token prediction layers off
+        # (they are not on the path of the main logits)
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "num_nextn_predict_layers",
+        "mtp_num_hidden_layers",
+        # classification heads' labels
+        "id2label",
+        "label2id",
+        "problem_type",
+    }
+)
 
 # The sampling parameters of a request line ("sampling"), as vLLM names them (None where the engine has no such).
 SAMPLING_KEYS = (

@@ -34,7 +34,7 @@ from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
-from msprobe_hooks.training import logprob_gap
+from msprobe_hooks.training import engine_record, logprob_gap
 from msprobe_hooks.training.micro_batch import (
     SampleInfo,
     describe_samples,
@@ -101,6 +101,7 @@ class ActorDumper:
         self._debugger: Any = None
         self._log: JsonlLog | None = None
         self._gap_log = logprob_gap.GapLog(lambda cfg: self.dump_root(cfg)[1])
+        self._engine_log = engine_record.EngineLog(lambda cfg: self.dump_root(cfg)[1])
         self._root: tuple[str, str] | None = None  # (actor config path, training dump root)
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
 
@@ -401,6 +402,19 @@ class ActorDumper:
                 if dump:
                     self.close()
 
+    # --- the engine's settings -----------------------------------------------------------------
+
+    def watch_engine(self, current: Pass, engine_name: str) -> None:
+        """Before a micro-batch's forward: at the process's first of an actor, watch its output layer for
+        ``engine.jsonl`` (:mod:`.engine_record`); nothing once that line is written."""
+        if current.actor and not self._engine_log.done:
+            self._engine_log.watch(engine_name, current.engine)
+
+    def record_engine(self, current: Pass, engine_name: str, result: Any) -> None:
+        """After a watched forward returned ``result``: the process's ``engine.jsonl`` line."""
+        if current.actor and not self._engine_log.done:
+            self._engine_log.write(current.patch.config, engine_name, current.engine, result)
+
     # --- the log-prob gap ----------------------------------------------------------------------
 
     def log_prob_gap(self, current: Pass, micro_batch: Any, result: Any) -> None:
@@ -411,7 +425,7 @@ class ActorDumper:
         ``postprocess_micro_batch_func``). The root is the training dump's, found without making a
         debugger: the gap is logged whether or not anything is dumped.
         """
-        self._gap_log.write(current.patch.config, current.micro_batch, micro_batch, result)
+        self._gap_log.write(current.patch.config, current.micro_batch, micro_batch, result, current.due)
 
 
 def extra_forward_kinds(cfg: config_module.Config, prompts_only_mode: str, micro_batch: Any) -> tuple[str, ...]:

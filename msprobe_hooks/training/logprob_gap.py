@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.training.micro_batch import SampleInfo, describe_samples, global_step_of, row_lengths
+from msprobe_hooks.training.micro_batch import SampleInfo, describe_samples, global_step_of, row_lengths, selected
 
 if TYPE_CHECKING:
     from msprobe_hooks.config import Config
@@ -50,7 +50,11 @@ _MASK_KEYS = ("response_mask", "loss_mask")  # loss_mask: verl's alias of it (le
 
 
 class SampleGap(NamedTuple):
-    """One sample's gap; ``max``, ``mean``, ``argmax`` and the probs are None when no token is counted."""
+    """One sample's gap; ``max``, ``mean``, ``argmax`` and the probs are None when no token is counted.
+
+    ``log_probs`` and ``rollout_log_probs``: every response token's value (counted or not), rounded to
+    :data:`TOKEN_DECIMALS` decimals, when :func:`statistics` was asked to keep them; else None.
+    """
 
     tokens: int
     max: float | None
@@ -59,6 +63,11 @@ class SampleGap(NamedTuple):
     over: int
     probs_diff_max: float | None
     probs_diff_mean: float | None
+    log_probs: list[float] | None = None
+    rollout_log_probs: list[float] | None = None
+
+
+TOKEN_DECIMALS = 6  # per-token log-probs in the gap line: 1e-6 is far below any gap worth a diagnosis
 
 
 def has_rollout_log_probs(micro_batch: Any) -> bool:
@@ -82,12 +91,15 @@ def _rows(tensor: Any, lengths: list[int], what: str) -> Any:
     return torch.cat([row[:length] for row, length in zip(tensor, lengths, strict=True)])
 
 
-def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], threshold: float) -> list[SampleGap]:
+def statistics(
+    log_probs: Any, micro_batch: Any, samples: list[SampleInfo], threshold: float, keep_values: bool = False
+) -> list[SampleGap]:
     """The gap of every sample of ``micro_batch`` (``samples``, as :func:`describe_samples` reads them) from the
     engine's ``log_probs`` (jagged, the whole sequences, packed in the micro-batch's order).
 
-    ``micro_batch`` is the engine's own, holding ``rollout_log_probs``. Raises ValueError for a layout
-    whose rows do not line up with the responses.
+    ``micro_batch`` is the engine's own, holding ``rollout_log_probs``. ``keep_values``: each gap also holds
+    its response tokens' two log-probs (one more transfer back). Raises ValueError for a layout whose rows do
+    not line up with the responses.
     """
     import torch
 
@@ -137,13 +149,57 @@ def statistics(log_probs: Any, micro_batch: Any, samples: list[SampleInfo], thre
     sums = torch.zeros((4, rows[1]), dtype=torch.float64, device=device).index_add_(1, sample, parts)
     table = torch.cat([sums, top.double(), first.double().unsqueeze(0)]).T.tolist()  # the one transfer back
 
+    values_of: list[tuple[list[float] | None, list[float] | None]] = [(None, None)] * len(samples)
+    if keep_values:
+        pair = torch.stack([old, rollout]).double().round(decimals=TOKEN_DECIMALS).tolist()
+        ends = [start + length for start, length in zip(starts, response_lens, strict=True)]
+        values_of = [(pair[0][a:b], pair[1][a:b]) for a, b in zip(starts, ends, strict=True)]
+
     gaps = []
-    for (n, total, probs_total, over, gap_max, probs_max, k), start in zip(table, starts, strict=True):
+    for row, start, values in zip(table, starts, values_of, strict=True):
+        n, total, probs_total, over, gap_max, probs_max, k = row
         if not n:
-            gaps.append(SampleGap(0, None, None, None, 0, None, None))
+            gaps.append(SampleGap(0, None, None, None, 0, None, None, *values))
             continue
-        gaps.append(SampleGap(int(n), gap_max, total / n, int(k) - start, int(over), probs_max, probs_total / n))
+        mean, probs_mean = total / n, probs_total / n
+        gaps.append(SampleGap(int(n), gap_max, mean, int(k) - start, int(over), probs_max, probs_mean, *values))
     return gaps
+
+
+def temperatures(micro_batch: Any, samples: list[SampleInfo]) -> list[float | None]:
+    """The temperature the engine divided each sample's logits by: the micro-batch's ``temperature``, which
+    verl's engines read in their forward (FSDP's ``prepare_model_inputs``, Megatron's ``forward_step``), a
+    number or one per sample; None where the micro-batch has none."""
+    from verl.utils import tensordict_utils as tu
+
+    value = tu.get(micro_batch, "temperature", None)
+    if value is None:
+        return [None] * len(samples)
+    tolist = getattr(value, "tolist", None)
+    value = tolist() if callable(tolist) else value
+    if isinstance(value, list):  # per sample
+        return [float(value[s.index]) if len(value) > 1 else float(value[0]) for s in samples]
+    return [float(value)] * len(samples)
+
+
+def token_ids(micro_batch: Any, samples: list[SampleInfo]) -> list[list[int]]:
+    """Each sample's input ids (prompt + response) as the micro-batch feeds them to the engine's forward."""
+    ids = micro_batch["input_ids"]
+    if ids.is_nested:
+        flat, offsets = ids.values().tolist(), ids.offsets().tolist()
+        return [flat[offsets[s.index] : offsets[s.index + 1]] for s in samples]
+    rows = ids.tolist()  # dense: every row is a whole sequence (row_lengths)
+    return [rows[s.index] for s in samples]
+
+
+def with_tokens_of(cfg: Config, dumped: bool, sample: SampleInfo) -> bool:
+    """Whether ``sample``'s gap line carries its tokens (``MSPROBE_HOOKS_GAP_TOKENS``): ``all``; ``dumped``, when
+    its pass is dumped and ``DUMP_REQUEST_IDS`` (if set) names it; never with ``none``."""
+    from msprobe_hooks.config import GAP_TOKENS_ALL, GAP_TOKENS_DUMPED
+
+    if cfg.gap_tokens == GAP_TOKENS_ALL:
+        return True
+    return cfg.gap_tokens == GAP_TOKENS_DUMPED and dumped and selected(sample, cfg.dump_request_ids)
 
 
 def output_log_probs(result: Any) -> Any:
@@ -165,13 +221,14 @@ class GapLog:
         self._root = root
         self._log: JsonlLog | None = None
 
-    def write(self, cfg: Config, micro_batch_index: int, micro_batch: Any, result: Any) -> None:
+    def write(self, cfg: Config, micro_batch_index: int, micro_batch: Any, result: Any, dumped: bool = False) -> None:
         """The lines of one micro-batch (``micro_batch_index`` in its pass) of an actor's log-prob pass: one per sample.
 
         ``result`` is what the engine's forward returned for it (FSDP's ``forward_step``, Megatron's
         ``postprocess_micro_batch_func``): its last item holds ``model_output["log_probs"]``. Nothing is
         written without the rollout's log-probs in the micro-batch (``rollout.calculate_log_probs=False``)
-        or without log-probs in the output (a distillation-only pass).
+        or without log-probs in the output (a distillation-only pass). ``dumped``: the pass is one
+        ``DUMP_PHASE`` dumps, whose samples' lines carry their tokens under ``MSPROBE_HOOKS_GAP_TOKENS=dumped``.
         """
         if not has_rollout_log_probs(micro_batch):
             return
@@ -181,13 +238,16 @@ class GapLog:
         import torch
 
         samples = describe_samples(micro_batch)
+        with_tokens = [with_tokens_of(cfg, dumped, s) for s in samples]
         with torch.no_grad():
-            gaps = statistics(log_probs, micro_batch, samples, cfg.gap_threshold)
+            gaps = statistics(log_probs, micro_batch, samples, cfg.gap_threshold, keep_values=any(with_tokens))
+        temperature = temperatures(micro_batch, samples)
+        ids = token_ids(micro_batch, samples) if any(with_tokens) else [None] * len(samples)
         global_step = global_step_of(micro_batch)
         if self._log is None:
             self._log = JsonlLog(self._root(cfg), join_keys.GAP_LOG)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else None
-        for sample, gap in zip(samples, gaps, strict=True):
+        for sample, gap, tokens, t, sample_ids in zip(samples, gaps, with_tokens, temperature, ids, strict=True):
             if sample.padding:  # verl's filler samples (upsample_batch_to_divisible_size): no rollout behind them
                 continue
             record = {
@@ -211,7 +271,11 @@ class GapLog:
                 "threshold": cfg.gap_threshold,
                 "probs_diff_max": gap.probs_diff_max,
                 "probs_diff_mean": gap.probs_diff_mean,
+                # ours, after the published fields
+                "temperature": t,
             }
+            if tokens:
+                record.update(token_ids=sample_ids, log_probs=gap.log_probs, rollout_log_probs=gap.rollout_log_probs)
             try:
                 self._log.write(record)
             except OSError as exc:  # a full or removed dump root: one line naming the cause

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-# logprob_gap.jsonl's fields, in order.
+# logprob_gap.jsonl's fields, in order (and, on the lines MSPROBE_HOOKS_GAP_TOKENS chooses, TOKEN_FIELDS after them).
 GAP_FIELDS = [
     "source",
     "timestamp",
@@ -34,7 +34,9 @@ GAP_FIELDS = [
     "threshold",
     "probs_diff_max",
     "probs_diff_mean",
+    "temperature",
 ]
+TOKEN_FIELDS = ["token_ids", "log_probs", "rollout_log_probs"]
 APPROXIMATE = ("mean", "probs_diff_max", "probs_diff_mean")  # sums, and exp's last bit, depend on the order
 
 

@@ -14,7 +14,9 @@ Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` 
   (``prompts_only.trim_jagged``, what the trainer runs before old_log_prob in trim mode); updates keep theirs;
 * ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
 * ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
-* ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob`` (Megatron: ``[b, s, v]``);
+* ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob`` (Megatron: ``[b, s, v]``),
+  as float, and the dtype the forward gave them in (the op's ``logits_dtype``);
+* ``temperature``: the temperature the batches hand the engine (verl's ``temperature`` field; default 1.0);
 * ``rollout_log_probs``: every sample carries the rollout's log-probs (near the tiny model's, ``-ln(vocab)``,
   with a seeded spread of ±0.3, so some tokens are over the gap threshold and some under);
 * ``request_ids``: the request id of each global sample, instead of ``random_samples``' own;
@@ -127,6 +129,8 @@ def main() -> None:
     flags = {}
     if "max_token_len" in SPEC:
         flags = {"use_dynamic_bsz": True, "max_token_len_per_gpu": SPEC["max_token_len"]}
+    if "temperature" in SPEC:
+        flags["temperature"] = SPEC["temperature"]
 
     engines: dict[str, object] = {}
 
@@ -163,13 +167,15 @@ def main() -> None:
         per_rank = len(samples) // dp_size
         masked = [(i - dp_rank * per_rank, j) for i, j in SPEC.get("masked", []) if i // per_rank == dp_rank]
         calls: list[int] = []  # tokens of each root-module forward
+        dtypes: list[str] = []  # of the logits of each root-module forward (capture_logits)
         capture = SPEC.get("capture_logits") and op == "actor.log_prob"
 
-        def hook(module, args, kwargs, output, calls=calls, capture=capture):
+        def hook(module, args, kwargs, output, calls=calls, capture=capture, dtypes=dtypes):
             calls.append(int(kwargs["input_ids"].shape[-1]))
             if capture:  # FSDP packs the micro-batch into one row; Megatron's BSHD keeps a row per sample
-                value = getattr(output, "logits", output).detach().float()
-                logits.append((value if MEGATRON else value[0]).tolist())
+                value = getattr(output, "logits", output).detach()
+                dtypes.append(str(value.dtype).removeprefix("torch."))
+                logits.append((value if MEGATRON else value[0]).float().tolist())
 
         handle = root_module(eng).register_forward_hook(hook, with_kwargs=True)
         batch = make_batch(mine, masked, trimmed=SPEC.get("trimmed") and action == "log_prob")
@@ -187,6 +193,8 @@ def main() -> None:
             result = {"loss": output.get("loss"), "grad_norm": output.get("metrics", {}).get("grad_norm")}
         handle.remove()
         result.update(op=op, forward_tokens=calls)
+        if capture:
+            result["logits_dtype"] = dtypes[0] if len(set(dtypes)) == 1 else dtypes
         results.append(result)
     report = {"rank": rank, "world_size": world_size, "results": results, "logits": logits, "fed": fed_samples}
     with open(os.path.join(SPEC["out"], f"rank{rank}.json"), "w", encoding="utf-8") as handle:

@@ -9,9 +9,11 @@ per-sample ones must reproduce. The engine test (``test_verl_fsdp_gap.py``) chec
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from support.logprob_gaps import assert_gap, expected_gap
+from support.logprob_gaps import GAP_FIELDS, TOKEN_FIELDS, assert_gap, expected_gap
 from support.verl_batches import v0_engine_batch
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
@@ -19,6 +21,7 @@ from verl.utils.debug.metrics import calculate_debug_metrics
 from verl.workers.utils.padding import no_padding_2_padding, response_from_nested
 
 from cpu_kit import verl_cpu
+from msprobe_hooks import config
 from msprobe_hooks.training import logprob_gap
 from msprobe_hooks.training.micro_batch import describe_samples
 
@@ -152,3 +155,69 @@ def test_the_cpu_kit_puts_the_rollout_log_probs_in_the_v1_layout() -> None:
     without = verl_cpu.make_batch([verl_cpu.Sample(s.prompt, s.response, s.uid) for s in samples])
     assert logprob_gap.has_rollout_log_probs(with_rollout) and not logprob_gap.has_rollout_log_probs(without)
     assert tu.get(without, "rollout_log_probs") is None
+
+
+# --- what a line carries besides the gap: the temperature, and (MSPROBE_HOOKS_GAP_TOKENS) the tokens ----------
+
+
+def _gap_lines(tmp_path, batch, log_probs, dumped: bool, **env: str) -> list[dict]:
+    cfg = config.load({"DUMP_ON": "1", **env})
+    log = logprob_gap.GapLog(lambda cfg: str(tmp_path))
+    log.write(cfg, 0, batch, (torch.tensor(1.0), {"model_output": {"log_probs": log_probs}}), dumped)
+    [path] = tmp_path.glob("*/logprob_gap.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_temperature_is_the_one_the_engine_reads_from_the_micro_batch() -> None:
+    samples = _samples([3, 4, 2])
+    scalar = verl_cpu.make_batch(samples, temperature=0.7)
+    assert logprob_gap.temperatures(scalar, describe_samples(scalar)) == [0.7] * 3
+    # One per sample, as verl's engines accept it (a tensor of the batch size).
+    per_sample = verl_cpu.make_batch(samples, temperature=torch.tensor([0.5, 1.0, 0.25]))
+    assert logprob_gap.temperatures(per_sample, describe_samples(per_sample)) == [0.5, 1.0, 0.25]
+    without = verl_cpu.make_batch(samples)
+    del without["temperature"]
+    assert logprob_gap.temperatures(without, describe_samples(without)) == [None] * 3
+
+
+@pytest.mark.parametrize("layout", ["v1", "v0"])
+def test_the_token_ids_are_each_samples_whole_sequence_as_fed(layout) -> None:
+    samples = _samples([3, 5, 1])
+    batch = verl_cpu.make_batch(samples) if layout == "v1" else v0_engine_batch(samples)
+    assert logprob_gap.token_ids(batch, describe_samples(batch)) == [list(s.prompt + s.response) for s in samples]
+
+
+def test_kept_values_are_each_response_tokens_two_log_probs_rounded() -> None:
+    samples = _samples([3, 5])
+    batch = verl_cpu.make_batch(samples)
+    log_probs = _log_probs(batch)
+    gaps = logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD, keep_values=True)
+    rollouts = batch["rollout_log_probs"].unbind()
+    for gap, row, sample, rollout in zip(gaps, log_probs.unbind(), samples, rollouts, strict=True):
+        p, r = len(sample.prompt), len(sample.response)
+        assert gap.log_probs == pytest.approx(row[p - 1 : p - 1 + r].tolist(), abs=5e-7)
+        assert gap.rollout_log_probs == pytest.approx(rollout.tolist(), abs=5e-7)
+        assert all(v == round(v, logprob_gap.TOKEN_DECIMALS) for v in gap.log_probs)
+    assert logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD)[0].log_probs is None
+
+
+def test_which_lines_carry_the_tokens(tmp_path) -> None:
+    samples = _samples([3, 4])
+    batch = verl_cpu.make_batch(samples, temperature=0.8)
+    log_probs = _log_probs(batch)
+
+    def carried(name: str, dumped: bool, **env: str) -> list[bool]:
+        lines = _gap_lines(tmp_path / name, batch, log_probs, dumped, **env)
+        assert [line["temperature"] for line in lines] == [0.8, 0.8]
+        assert all(list(line) in (GAP_FIELDS, GAP_FIELDS + TOKEN_FIELDS) for line in lines)
+        return [list(line) == GAP_FIELDS + TOKEN_FIELDS for line in lines]
+
+    # Default (dumped): the lines of a dumped pass, of the samples DUMP_REQUEST_IDS names.
+    assert carried("undumped", False) == [False, False]
+    assert carried("dumped", True) == [True, True]
+    assert carried("chosen", True, DUMP_REQUEST_IDS=samples[1].request_id) == [False, True]
+    assert carried("all", False, MSPROBE_HOOKS_GAP_TOKENS="all") == [True, True]
+    assert carried("none", True, MSPROBE_HOOKS_GAP_TOKENS="none") == [False, False]
+    line = _gap_lines(tmp_path / "values", batch, log_probs, True)[1]
+    assert line["token_ids"] == list(samples[1].prompt + samples[1].response)
+    assert len(line["log_probs"]) == len(line["rollout_log_probs"]) == 4

@@ -3,8 +3,9 @@
 Each configuration runs ``tests/support/verl_engine_child.py`` once in a fresh interpreter with the
 shim active: 4 samples (prompts of 5, 7, 4, 6 tokens, responses of 3, 4, 3, 4) in micro-batches of 2,
 so every micro-batch packs two samples; samples 0 and 1 share a uid (``rollout.n = 2`` of one prompt),
-as do 2 and 3. The batches carry the rollout's log-probs (``rollout.calculate_log_probs=True``). What
-the gap lines must say is computed here from what the engine returned and what the batch held.
+as do 2 and 3. The batches carry the rollout's log-probs (``rollout.calculate_log_probs=True``) and a
+temperature other than 1, which verl divides the logits by. What the gap lines (and ``engine.jsonl``)
+must say is computed here from what the engine returned and what the batch held.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from msprobe_hooks import join_keys
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
-SPEC = {"ops": ["actor.log_prob"], "count": 4, "seed": 0, "micro_batch_size": 2, "rollout_log_probs": True}
+TEMPERATURE = 0.8
+SPEC = {
+    "ops": ["actor.log_prob"],
+    "count": 4,
+    "seed": 0,
+    "micro_batch_size": 2,
+    "rollout_log_probs": True,
+    "temperature": TEMPERATURE,
+}
 SAMPLES = verl_cpu.random_samples(4, 0)
 EMBEDDING = "Module.model.embed_tokens.FSDPEmbedding.forward.0"
 THRESHOLD = 0.1
@@ -82,7 +91,8 @@ def test_a_gap_line_per_sample_in_every_log_prob_pass_equal_to_verls_definitions
     # rollout.full_determinism verl names requests "det-{priority}", and the v1 trainer gives every
     # sample priority 0); sample 1's third response token is a tool token (response_mask 0).
     spec = {"ops": ["actor.log_prob", "actor.log_prob"], "request_ids": ["det-0", "det-0", "req-b", "req-c"]}
-    run = _run(tmp_path, model_dir, {**spec, "masked": [[1, 2]]}, DUMP_PHASE="update_actor")
+    spec.update(masked=[[1, 2]], capture_logits=True)
+    run = _run(tmp_path, model_dir, spec, DUMP_PHASE="update_actor")
     _assert_same_log_probs(run, baseline)
     assert run.results()[1]["log_probs"] == baseline.results()[0]["log_probs"]
     assert not list(run.dump_root.glob(f"*/{join_keys.TRAINING_LOG}")) and not list(run.dump_root.glob("step*"))
@@ -105,6 +115,42 @@ def test_a_gap_line_per_sample_in_every_log_prob_pass_equal_to_verls_definitions
     # The masked token is not counted; the threshold splits the tokens (else `over` proves nothing).
     assert [line["tokens"] for line in lines[:4]] == [3, 3, 3, 4]
     assert 0 < sum(line["over"] for line in lines[:4]) < sum(line["tokens"] for line in lines[:4])
+    # The pass is not dumped: no line carries its tokens (MSPROBE_HOOKS_GAP_TOKENS=dumped).
+    assert not any("token_ids" in line for line in lines)
+    _assert_the_temperature_and_the_engine_line(run, lines, model_dir)
+
+
+def _assert_the_temperature_and_the_engine_line(run: EngineRun, lines: list[dict], model_dir: str) -> None:
+    """The gap lines' temperature is the one verl's forward divided the logits by, and engine.jsonl says what
+    its forward computed in: both checked against the root module's own logits, captured in the child."""
+    result = run.results()[0]
+    packed = [SAMPLES[0].prompt + SAMPLES[0].response + SAMPLES[1].prompt + SAMPLES[1].response]
+    packed.append(SAMPLES[2].prompt + SAMPLES[2].response + SAMPLES[3].prompt + SAMPLES[3].response)
+    returned = [value for row in result["log_probs"] for value in row]
+    recomputed, unscaled = [], []
+    for logits, ids in zip(run.reports[0]["logits"][:2], packed, strict=True):  # the first pass's two micro-batches
+        logits = torch.tensor(logits)
+        labels = torch.tensor(ids[1:] + ids[:1])  # verl rolls the packed ids by one
+        for temperature, out in ((TEMPERATURE, recomputed), (1.0, unscaled)):
+            out += torch.log_softmax(logits / temperature, -1).gather(-1, labels[:, None])[:, 0].tolist()
+    assert returned == pytest.approx(recomputed, abs=1e-5) and returned != pytest.approx(unscaled, abs=1e-3)
+    assert {line["temperature"] for line in lines} == {TEMPERATURE}
+    [path] = run.dump_root.glob(f"*/{join_keys.ENGINE_LOG}")
+    [engine] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (engine["side"], engine["engine"], engine["rank"]) == ("train", "verl-fsdp", 0)
+    numerics = engine["numerics"]
+    # The CPU kit's engine asks verl for fp32 (mixed_precision fp32): its forward's logits are float32.
+    assert numerics["model_dtype"] == numerics["logits_dtype"] == result["logits_dtype"] == "float32"
+    assert numerics["param_dtype"] == "float32" and numerics["log_probs_dtype"] == "float32"
+    assert (numerics["attention_implementation"], numerics["remove_padding"]) == ("eager", True)
+    from transformers import AutoConfig
+
+    # The folder's configuration, as another engine would load it: verl's own overrides (the tokenizer's token
+    # ids, the attention implementation) leave the fingerprint alone.
+    config = AutoConfig.from_pretrained(model_dir)
+    assert engine["model_config_fingerprint"] == numerics.config_fingerprint(config.to_dict())
+    assert engine["model_config"]["num_hidden_layers"] == config.num_hidden_layers
+    assert engine["model_config"]["rotary"]["base"] == config.rope_parameters["rope_theta"]
 
 
 def test_the_v0_trainer_layout_gives_the_same_gaps_and_the_log_the_offsets(tmp_path, model_dir, baseline):

@@ -40,6 +40,9 @@ class SideEvidence:
     configuration: Mapping[str, Any] | None = None  # the model configuration's numerics fields (rope_theta, ...)
     sampling: Mapping[str, Any] | None = None  # temperature, top_k, top_p, min_p, the log-probs mode
     token_ids: Mapping[str, Sequence[int]] | None = None  # request id -> the token ids this side was fed
+    numerics: Mapping[str, Any] | None = (
+        None  # the engine's settings (engine.jsonl): dtypes of the model, KV cache, head
+    )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ prompt-only / whole-sequence forward per sample, made with the engine's own ``fo
 its own input packing, position ids and multi-modal inputs) before the real, undumped forward.
 After the real forward of every micro-batch of an actor's log-prob pass, dumped or not, the
 samples' log-prob gap goes to ``logprob_gap.jsonl`` (outside any msprobe window: our tensor work
-stays out of the dumps).
+stays out of the dumps). After the process's first actor forward, the engine's numerics settings go to
+``engine.jsonl`` (once).
 
 Our work in both wrappers runs guarded (:meth:`msprobe_hooks.patching.PatchContext.guarded`): an engine we
 cannot read, a micro-batch layout we do not know, msprobe failing, each gives one line and the
@@ -23,7 +24,7 @@ from typing import Any
 
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
-from msprobe_hooks.training import prompts_only
+from msprobe_hooks.training import engine_record, prompts_only
 from msprobe_hooks.training.actor_dump import MICRO_BATCH, dumper, extra_forward_kinds
 from msprobe_hooks.training.micro_batch import packs_samples
 
@@ -84,10 +85,12 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         if current is None:
             return wrapped(*args, **kwargs)
         micro_batch = patching.argument(args, kwargs, "micro_batch", 0, None)
+        ctx.guarded("watching the output layer", actor_dumper.watch_engine, current, engine_record.FSDP)
         if current.due:
             result = dumped_forward(current, instance, wrapped, args, kwargs, micro_batch)
         else:
             result = wrapped(*args, **kwargs)
+        ctx.guarded("the engine's settings", actor_dumper.record_engine, current, engine_record.FSDP, result)
         if current.wants_gap:  # after the window closed
             ctx.guarded("the log-prob gap", actor_dumper.log_prob_gap, current, micro_batch, result)
         return result

@@ -17,7 +17,8 @@ prompts-only a trim, done by the trainer; ``DUMP_SEQUENCES=1`` is refused.
 In every log-prob pass of an actor, dumped or not, ``forward_step`` takes the micro-batch the same
 way (as the schedule hands it, on the host) and ``postprocess_micro_batch_func``, given the
 forward's log-probs, writes the samples' log-prob gap (``logprob_gap.jsonl``) after closing the
-window.
+window. After the process's first actor forward (the last pipeline stage's), the engine's numerics settings go
+to ``engine.jsonl`` (once): ``forward_step`` watches the output layer, ``postprocess_micro_batch_func`` writes.
 
 Only the last pipeline stage dumps (it holds the output layer and the loss). The window binds
 every model chunk of the rank. Refused clearly: virtual pipeline parallelism (a micro-batch's
@@ -35,7 +36,7 @@ from typing import Any
 from msprobe_hooks import patching
 from msprobe_hooks.config import LOG_PROB
 from msprobe_hooks.join_keys import LAYER_OFFSET
-from msprobe_hooks.training import prompts_only, virtual_pipeline
+from msprobe_hooks.training import engine_record, prompts_only, virtual_pipeline
 from msprobe_hooks.training.actor_dump import MICRO_BATCH, DumpRefused, dumper, extra_forward_kinds
 from msprobe_hooks.training.micro_batch import is_trimmed, packs_samples
 
@@ -137,7 +138,10 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
     def forward_step(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         actor_dumper = dumper()
         current = actor_dumper.begin_micro_batch(instance)
-        if current is None or not (current.due or current.wants_gap):
+        if current is None:
+            return wrapped(*args, **kwargs)
+        ctx.guarded("watching the output layer", actor_dumper.watch_engine, current, engine_record.MEGATRON)
+        if not (current.due or current.wants_gap):
             return wrapped(*args, **kwargs)
         # Take the micro-batch now (on the host, as the schedule hands it); the real forward_step gets it
         # back through an iterator of its own.
@@ -201,6 +205,7 @@ def patch(module: ModuleType, ctx: patching.PatchContext) -> None:
         result = wrapped(*args, **kwargs)
         if window:
             actor_dumper.forward_done(current.phase, result)
+        ctx.guarded("the engine's settings", actor_dumper.record_engine, current, engine_record.MEGATRON, result)
         micro_batch, current.gap_batch = current.gap_batch, None
         if micro_batch is not None:  # after the window closed
             ctx.guarded("the log-prob gap", actor_dumper.log_prob_gap, current, micro_batch, result)

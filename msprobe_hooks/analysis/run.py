@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from msprobe_hooks.analysis import one_pair
 from msprobe_hooks.analysis.answer import verdict
 from msprobe_hooks.analysis.answer.assemble import Answer, assemble
+from msprobe_hooks.analysis.answer.evidence import gather
 from msprobe_hooks.analysis.answer.symptom import read_gaps
 from msprobe_hooks.analysis.comparing import names, pool
 from msprobe_hooks.analysis.comparing.row_store import RowStore
@@ -130,7 +131,7 @@ def _compare(
                 raise
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
         gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
-        answer = assemble(results, store, gaps)
+        answer = assemble(results, store, gaps, gather(pair_list, gaps))
         index, lines = writer.write(output, answer, options.threshold, painter)
     compared = Compared(answer, index, lines)
     if options.tensorboard:

@@ -8,7 +8,8 @@ recorded (:class:`Evidence`), and runs the rules in order; the first that holds 
 :func:`unexplained` (``unknown``) when none does. Each rule is one function ``Facts -> Diagnosis | None``.
 
 The order (:data:`DEFAULT_RULES`): inputs and configuration first (everything downstream inherits them), then
-routing, precision at the first divergence, module, sampling, precision of the whole model, noise, none. Every
+routing, precision at the first divergence (a module's dtypes, the rollout's KV cache), module, sampling, the logits'
+precision, precision of the whole model, noise, none. Every
 threshold is the step rule's floor (:class:`.verdict.StepRule`: ``units`` unit roundoffs of the coarser dtype),
 never a number of its own. Evidence one side lacks is "not recorded": no rule decides on it.
 """
@@ -320,6 +321,39 @@ def precision_at_divergence(facts: Facts) -> Diagnosis | None:
     )
 
 
+def _attention_core(module: str, io: str) -> bool:
+    """The attention core's output (o_proj's input): what reads the KV cache."""
+    return module.endswith(".attn") or (module.endswith(".o_proj") and io == "input")
+
+
+def kv_cache_precision(facts: Facts) -> Diagnosis | None:
+    """The rollout's KV cache holds a coarser dtype than its model computes in (``kv_cache_dtype``, engine.jsonl),
+    and the first step up is the attention core, which reads the cache, while the projections before it agree."""
+    numerics = facts.evidence.rollout.numerics or {}
+    cache, model = numerics.get("kv_cache_dtype"), numerics.get("model_dtype")
+    if cache in (None, "auto", model) or not facts.stepped:
+        return None
+    r = facts.stepped[0]
+    if not _attention_core(r.first_module, r.first_io):
+        return None  # another module steps first: its own cause
+    named = f"{r.first_module} {r.first_io}"
+    evidence = [
+        f"KV cache {cache} (rollout; its model computes in {model}, engine.jsonl)",
+        f"{named}, which reads the cache, steps up to {r.first_error:.3g} from {r.first_before or 0:.3g} before it: "
+        "q, k and v agree within their floor",
+        f"first divergence in {sum(f'{x.first_module} {x.first_io}' == named for x in facts.stepped)} of "
+        f"{len(facts.compared)} compared pairs",
+    ]
+    return Diagnosis(
+        Cause.PRECISION,
+        _path(r),
+        r.first_module,
+        r.global_step,
+        evidence + _since(facts, r),
+        f"the rollout's KV cache is {cache}: q/k/v agree, the attention output read from it diverges at {named}",
+    )
+
+
 def module_steps_up(facts: Facts) -> Diagnosis | None:
     """A module's error steps up over its floor on the dtypes of the rows before it: its weights or its kernel; on
     the prefill or the decode path, and with several global steps, since which one."""
@@ -365,12 +399,42 @@ def sampling_differs(facts: Facts) -> Diagnosis | None:
     if not differing or not facts.compared or facts.stepped or facts.routed:
         return None
     evidence = [f"{key} {rollout} (rollout) vs {training} (training)" for key, training, rollout in differing]
+    mode = (facts.evidence.rollout.numerics or {}).get("logprobs_mode")
+    if mode is not None:
+        evidence.append(
+            f"the rollout returns {mode} (its engine's log-probs mode): the log-probs of the logits as sampled "
+            "(divided by the temperature, renormalised over top-k / top-p / min-p) when processed, of the raw logits "
+            "when raw; training recomputes log_softmax(logits / temperature) and never applies a nucleus"
+        )
     evidence.append(_agree(facts))
     return Diagnosis(
         Cause.SAMPLING,
         DiagnosisPath.AFTER_LOGITS,
         evidence=evidence + _gap_lines(facts),
         sentence=f"the modules agree; the log-probs are made differently from the logits: {evidence[0]}",
+    )
+
+
+def logits_precision(facts: Facts) -> Diagnosis | None:
+    """The modules agree (nothing steps up); the two engines' logits are computed in other dtypes (the rollout's
+    ``head_dtype``, the training forward's observed ``logits_dtype``, engine.jsonl): msprobe compares no logits
+    under verl, so the recorded dtypes say it."""
+    rollout = (facts.evidence.rollout.numerics or {}).get("head_dtype")
+    training = (facts.evidence.training.numerics or {}).get("logits_dtype")
+    if rollout is None or training is None or rollout == training or facts.stepped or facts.routed:
+        return None
+    return Diagnosis(
+        Cause.PRECISION,
+        DiagnosisPath.AFTER_LOGITS,
+        "lm_head",
+        evidence=[
+            f"lm_head output {rollout} (rollout) vs {training} (training) (engine.jsonl: vLLM's head dtype, the "
+            "dtype training's logits came out in)",
+            _agree(facts),
+            *_gap_lines(facts),
+        ],
+        sentence=f"the logits are computed in {rollout} (rollout) vs {training} (training); every earlier module "
+        "agrees within its floor",
     )
 
 
@@ -432,8 +496,10 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     configuration_differs,
     routing_differs,
     precision_at_divergence,
+    kv_cache_precision,
     module_steps_up,
     sampling_differs,
+    logits_precision,
     model_precision,
     noise_floor,
     nothing_differs,

@@ -33,10 +33,8 @@ SIDES = ("training", "rollout")
 
 @dataclass(frozen=True)
 class SideEvidence:
-    """What one side recorded about itself, read from its engine's own objects; None: not recorded.
-
-    Nothing records these yet (issue 28, item 1): the rules that read them never fire without them.
-    """
+    """What one side recorded about itself, read from its engine's own objects (:mod:`.evidence` reads the files);
+    None: not recorded, and the rules that read it never fire on it."""
 
     configuration: Mapping[str, Any] | None = None  # the model configuration's numerics fields (rope_theta, ...)
     sampling: Mapping[str, Any] | None = None  # temperature, top_k, top_p, min_p, the log-probs mode

@@ -42,7 +42,7 @@ def assemble(
     evidence: Evidence | None = None,
 ) -> Answer:
     """The :class:`Answer` of ``results`` and their rows, with the training side's gap lines
-    (:func:`.symptom.read_gaps`), diagnosed with what the engines recorded (``evidence``; none yet: issue 28).
+    (:func:`.symptom.read_gaps`), diagnosed with what the engines recorded (``evidence``: :func:`.evidence.gather`).
 
     Results are put in pair order first: a pool returns them as they complete, and every tie (the largest error
     of equal pairs) must go the same way whatever the order."""

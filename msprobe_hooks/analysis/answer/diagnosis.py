@@ -436,21 +436,24 @@ def logits_precision(facts: Facts) -> Diagnosis | None:
     )
 
 
+def _whole_model(facts: Facts, cause: Cause, dtypes_line: str, sentence: str) -> Diagnosis:
+    """A cause of the whole model's dtypes, no module stepping up: its dtypes, that the errors agree, the routing
+    flips within the noise, the gap."""
+    evidence = [f"{dtypes_line} on {facts.dtype_share:.0%} of the compared rows", _agree(facts)]
+    return Diagnosis(cause, evidence=evidence + _noise_flips(facts) + _gap_lines(facts), sentence=sentence)
+
+
 def model_precision(facts: Facts) -> Diagnosis | None:
     """Most compared rows are in another dtype on one side, and no module steps up: the whole model's precision."""
     dtypes = facts.dtypes
     if dtypes is None or dtypes[0] == dtypes[1] or facts.stepped or facts.routed:
         return None
     training, rollout = _name(dtypes[0]), _name(dtypes[1])
-    return Diagnosis(
+    return _whole_model(
+        facts,
         Cause.PRECISION,
-        evidence=[
-            f"model dtype {training} (training) vs {rollout} (rollout) on {facts.dtype_share:.0%} of the compared rows",
-            _agree(facts),
-            *_noise_flips(facts),
-            *_gap_lines(facts),
-        ],
-        sentence=f"the model runs in {training} (training) vs {rollout} (rollout); no module steps out of that noise",
+        f"model dtype {training} (training) vs {rollout} (rollout)",
+        f"the model runs in {training} (training) vs {rollout} (rollout); no module steps out of that noise",
     )
 
 
@@ -460,15 +463,11 @@ def noise_floor(facts: Facts) -> Diagnosis | None:
     dtypes = facts.dtypes
     if dtypes is None or dtypes[0] != dtypes[1] or not _low_precision(dtypes) or facts.stepped or facts.routed:
         return None
-    return Diagnosis(
+    return _whole_model(
+        facts,
         Cause.NOISE,
-        evidence=[
-            f"model dtype {_name(dtypes[0])} on both sides on {facts.dtype_share:.0%} of the compared rows",
-            _agree(facts),
-            *_noise_flips(facts),
-            *_gap_lines(facts),
-        ],
-        sentence=f"every error grows smoothly within the {_name(dtypes[0])} noise: no single culprit",
+        f"model dtype {_name(dtypes[0])} on both sides",
+        f"every error grows smoothly within the {_name(dtypes[0])} noise: no single culprit",
     )
 
 

@@ -18,8 +18,9 @@ where its log-prob gap comes from: the prefill path, the decode path, or neither
 kind of cause it is, `cause: CAUSE (PATH): sentence` (module, sampling, inputs, precision,
 configuration, routing, noise, none, unknown), with its evidence in diagnosis.json. Writes into the
 report folder: summary.md, diagnosis.json, modules.csv (every tensor of every pair), pairs.csv (one line
-per pair), samples.csv (per sample: gap and causes), error_by_depth.png, decode_by_token.png and
-index.html (one page that opens offline). Exit status: 0 compared (whatever the verdict), 1 a pair failed
+per pair), samples.csv (per sample: gap and causes; decode_by_token.png), with several global steps
+steps.csv and run_by_step.png, for MoE routing.csv, error_by_depth.png and index.html (one page that opens
+offline). Exit status: 0 compared (whatever the verdict), 1 a pair failed
 or had nothing to compare, or the cause is one of --fail-on, 2 bad input. See docs/analysis.md."""
 
 

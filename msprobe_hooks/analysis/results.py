@@ -115,6 +115,37 @@ class DiagnosisPath(_Text):
     AFTER_LOGITS = "after the logits"  # the modules agree; what is made of the logits differs
 
 
+class EntryKind(_Text):
+    """What an entry of msprobe's ``dump.json`` is, by its name."""
+
+    MODULE = "module"  # a module's forward (Module.<path>.<Class>.forward.<n>): compared
+    API = "api"  # level mix / L1 API rows (Functional., Tensor., Torch., ...): counted, never compared
+    BACKWARD = "backward"  # a backward row (DUMP_PHASE=all): not a prefill
+    OTHER = "other"
+
+
+class CompareKind(_Text):
+    """How a name-map rule's tensors are compared (its ``compare``: name_map.yaml's header says each)."""
+
+    ONE_TO_ONE = "one_to_one"
+    NORM = "norm"
+    DECODER_LAYER = "decoder_layer"
+    ATTENTION = "attention"
+    ATTENTION_BLOCK = "attention_block"
+    ACTIVATION = "activation"
+    ROUTER = "router"
+    TOPK = "topk"
+    NORM_LINEAR = "norm_linear"
+    NOT_COMPARABLE = "not_comparable"
+
+
+class Backend(_Text):
+    """The training engine ``align`` pairs for: how its ranks meet the inference engine's (``--backend``)."""
+
+    FSDP = "fsdp"  # every rank holds whole activations: any rank of the engine
+    MEGATRON = "megatron"  # TP/PP/EP ranks: the same rank only
+
+
 class Unpaired(_Text):
     """Why ``align`` left a dump unpaired, in the order its table lists them."""
 

@@ -33,7 +33,7 @@ from msprobe_hooks.analysis.comparing.statistics import (
     thresholded_error,
 )
 from msprobe_hooks.analysis.pairing.pairs import Pair
-from msprobe_hooks.analysis.results import Mode, ModuleRow, PairKind, PairResult, Status, Verdict
+from msprobe_hooks.analysis.results import EntryKind, Mode, ModuleRow, PairKind, PairResult, Status, Verdict
 
 
 @dataclass
@@ -72,14 +72,14 @@ def read_side(path: str, table: names.NameMap, layer_offset: int = 0) -> Side:
             continue
         position += 1
         row_kind = names.kind(raw)
-        if row_kind == "api":
+        if row_kind is EntryKind.API:
             api_rows += 1
             continue
         # A pipeline stage's layers under the model's numbers: its first layer's input is then the stream
         # out of the layer before it, as on the inference side.
         name = (
             names.parse(names.shift_layers(raw, layer_offset) if layer_offset else raw)
-            if row_kind == "module"
+            if row_kind is EntryKind.MODULE
             else None
         )
         if name is None or not isinstance(entry, dict):  # backward rows (DUMP_PHASE=all): not a prefill

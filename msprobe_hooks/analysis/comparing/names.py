@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msprobe_hooks.analysis.comparing.shards import PARALLEL, Sharding
+from msprobe_hooks.analysis.results import CompareKind, EntryKind
 
 # Path segments that wrap a module without changing what it computes.
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "module"})
@@ -67,13 +68,13 @@ def layer_of(path: str) -> int | None:
     return int(match.group(2)) if match else None
 
 
-def kind(name: str) -> str:
-    """``module`` (a module's forward), ``api`` (level mix/L1 API rows), ``backward``, or ``other``."""
+def kind(name: str) -> EntryKind:
+    """What a dumped entry is by its name: a module's forward, an API row (level mix/L1), a backward row, other."""
     if name.startswith("Module."):
-        return "module" if ".forward." in name else "backward"
+        return EntryKind.MODULE if ".forward." in name else EntryKind.BACKWARD
     if name.startswith(API_PREFIXES):
-        return "backward" if name.endswith(".backward") else "api"
-    return "other"
+        return EntryKind.BACKWARD if name.endswith(".backward") else EntryKind.API
+    return EntryKind.OTHER
 
 
 def parse(name: str) -> ModuleName | None:
@@ -97,7 +98,7 @@ class Rule:
 
     module: str  # canonical path, with {layer}
     names: tuple[str, ...]
-    compare: str = "one_to_one"
+    compare: CompareKind = CompareKind.ONE_TO_ONE
     parts: tuple[str, ...] = ()
     reason: str | None = None  # not_comparable: the text
     stream: str | None = None  # norm: whose output its output 1 also is
@@ -226,11 +227,12 @@ def _rule(raw: Any, where: str, reasons: Mapping[str, str]) -> Rule:
             raise MappingError(f"{where}: {name} must be a list of module paths")
         return tuple(value)
 
-    compare = raw.get("compare", "one_to_one")
-    if compare not in KINDS:
-        raise MappingError(f"{where}: compare: {compare!r}; accepted: {', '.join(KINDS)}")
+    given = raw.get("compare", CompareKind.ONE_TO_ONE)
+    if given not in KINDS:
+        raise MappingError(f"{where}: compare: {given!r}; accepted: {', '.join(KINDS)}")
+    compare = CompareKind(given)
     reason = raw.get("reason")
-    if compare == "not_comparable" and not isinstance(reason, str):
+    if compare is CompareKind.NOT_COMPARABLE and not isinstance(reason, str):
         raise MappingError(f"{where}: a not_comparable rule needs a reason (a key of reasons, or a sentence)")
     stream = raw.get("stream")
     if stream is not None and stream not in _STREAMS:
@@ -469,17 +471,17 @@ def _same_name(e: _Entry) -> Iterator[Mapped]:
         yield Mapped(label, tensor, keys=[(e.module, label)])
 
 
-KINDS: dict[str, Callable[[_Entry], Iterator[Mapped]]] = {
-    "one_to_one": _one_to_one,
-    "norm": _norm,
-    "decoder_layer": _decoder_layer,
-    "attention": _attention,
-    "attention_block": _attention_block,
-    "activation": _activation,
-    "router": _router,
-    "topk": _topk,
-    "norm_linear": _norm_linear,
-    "not_comparable": _not_comparable,
+KINDS: dict[CompareKind, Callable[[_Entry], Iterator[Mapped]]] = {
+    CompareKind.ONE_TO_ONE: _one_to_one,
+    CompareKind.NORM: _norm,
+    CompareKind.DECODER_LAYER: _decoder_layer,
+    CompareKind.ATTENTION: _attention,
+    CompareKind.ATTENTION_BLOCK: _attention_block,
+    CompareKind.ACTIVATION: _activation,
+    CompareKind.ROUTER: _router,
+    CompareKind.TOPK: _topk,
+    CompareKind.NORM_LINEAR: _norm_linear,
+    CompareKind.NOT_COMPARABLE: _not_comparable,
 }
 
 

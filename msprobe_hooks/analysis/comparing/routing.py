@@ -29,12 +29,12 @@ from msprobe_hooks import jsonl
 from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.comparing import names
 from msprobe_hooks.analysis.pairing.pairs import Pair
-from msprobe_hooks.analysis.results import ModuleRow, PairResult, RoutingLayer, Status
+from msprobe_hooks.analysis.results import CompareKind, ModuleRow, PairResult, RoutingLayer, Status
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 
 # The name map's kinds of the modules that choose experts: a router (logits, and the ids on the training side),
 # an engine's top-k module after it (SGLang's TopK: its ids, in a tensor-mode dump).
-CHOOSERS = ("router", "topk")
+CHOOSERS = (CompareKind.ROUTER, CompareKind.TOPK)
 STATISTICS_ONLY = (
     "the training dump holds statistics: a router's expert ids show only as their max and min; dump the routers "
     "in tensor mode (docs/analysis.md, 'Routing')"
@@ -64,7 +64,7 @@ def _router_layers(rows: Sequence[ModuleRow], table: names.NameMap) -> dict[int,
     for row in rows:
         if row.module and row.layer is not None and row.layer not in found:
             rule = table.lookup(row.module.split("#")[0], "")
-            if rule is not None and rule[0].compare == "router":
+            if rule is not None and rule[0].compare is CompareKind.ROUTER:
                 found[row.layer] = row.module
     return found
 

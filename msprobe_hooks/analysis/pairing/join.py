@@ -27,9 +27,9 @@ from msprobe_hooks.analysis.pairing.pairs import (
     Shard,
     TrainSide,
 )
-from msprobe_hooks.analysis.results import Unpaired
+from msprobe_hooks.analysis.results import Backend, Unpaired
 
-BACKENDS = ("fsdp", "megatron")
+BACKENDS = tuple(backend.value for backend in Backend)  # --backend's choices
 C = TypeVar("C", bound=Candidate)
 
 
@@ -77,7 +77,7 @@ class Join:
         same = [c for c in good if c.step.rank == rank]
         if same:
             return same, RankRule.SAME
-        if self.backend == "fsdp":
+        if self.backend == Backend.FSDP:
             lowest = min(-1 if c.step.rank is None else c.step.rank for c in good)
             return [c for c in good if (-1 if c.step.rank is None else c.step.rank) == lowest], RankRule.FSDP_ANY
         self.ledger.refused.update((c.key, Unpaired.OTHER_RANKS_ONLY) for c in good)

@@ -14,7 +14,7 @@ from msprobe_hooks.analysis.pairing.join import Join
 from msprobe_hooks.analysis.pairing.logs import TrainDump
 from msprobe_hooks.analysis.pairing.pairs import JoinRule, Pair, RankRule
 from msprobe_hooks.analysis.pairing.ranks import engine_ranks
-from msprobe_hooks.analysis.results import Unpaired
+from msprobe_hooks.analysis.results import Backend, Unpaired
 
 # When several dumps of one request each fail, the reason reported is the one nearest to a pair.
 _NEAREST = (Unpaired.DUMP_UNREADABLE, Unpaired.NOT_DUMPED, Unpaired.MULTI_REQUEST, Unpaired.NOT_FULL_PREFILL)
@@ -142,7 +142,7 @@ class PrefillJoin:
         if prompt_len is None:
             prompt_len = chosen.row.prompt_len if chosen.row.prompt_len is not None else chosen.row.tokens
         pair = self.join.pair(dump, train_path, chosen, found.rule, found.key, rank_rule, prompt_len)
-        if self.join.backend == "megatron" and prompt_len is not None:
+        if self.join.backend == Backend.MEGATRON and prompt_len is not None:
             held = self.join.probe.tokens(train_path)
             if held is not None and held > prompt_len:  # Megatron pads each sequence to a multiple of TP x CP
                 pair.train.rows = [0, prompt_len]

@@ -106,11 +106,6 @@ def _layer_label(layer: int) -> str:
     return f"L{layer}"
 
 
-def _layer_of(module: str) -> int | None:
-    parts = module.split(".")
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit() else None
-
-
 def depth(rows: Iterable[ModuleRow], results: Sequence[PairResult], threshold: float) -> Depth:
     """The depth figure of ``results``' pairs from their rows (the compared ones are drawn)."""
     by_pair: dict[int | None, list[ModuleRow]] = {}
@@ -164,7 +159,7 @@ def decode(layer_errors: Mapping[int, Mapping[int, float]], samples: Sequence[Sa
         layers = sorted({layer for mine in errors for layer in mine})
         marks = []
         for x, r in enumerate(pairs):
-            layer = _layer_of(r.first_module) if r.verdict is Verdict.DIVERGES else None
+            layer = r.first_layer if r.verdict is Verdict.DIVERGES else None
             if layer in layers:
                 marks.append(Mark(x, layers.index(layer), f"{r.first_module} {r.first_io}"))
         panels.append(

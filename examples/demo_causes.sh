@@ -29,7 +29,7 @@ act() { # one global step of the RL loop with the hooks on, then align + compare
 }
 
 echo
-echo "#### 1. sampling: the rollout at temperature 0.8 (processed_logprobs), the trainer given 1.0"
+echo "#### 1. sampling: the rollout at temperature 0.8 (processed_logprobs), the trainer given 1.0: the rollout's temperature never reached the trainer, the mismatch RL users hit"
 act sampling --temperature 0.8 --seed 0 --logprobs-mode processed_logprobs --train-temperature 1.0
 echo "expected: cause: sampling (after the logits), temperature 0.8 (rollout) vs 1.0 (training)"
 

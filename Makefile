@@ -3,6 +3,8 @@
 #               with the hooks on, align, compare, and the report (examples/demo.sh)
 #   make demo-moe   the same loop on a tiny Qwen3-MoE, the routers' choices compared: a router fault named as
 #               routing (examples/demo_moe.sh)
+#   make demo-causes   two real causes, each answered in one line: the rollout's temperature never given to the
+#               trainer (sampling) and an fp8 KV cache in vLLM (precision), no weight touched (examples/demo_causes.sh)
 #   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint, type-check and run the
 #               whole test suite (what .ci/run calls)
 #   make test-fast   lint, type-check and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
@@ -46,7 +48,7 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-megatron install-vllm install-sglang demo demo-moe test test-fast bench docs dist clean verl-tests chromium
+.PHONY: install install-megatron install-vllm install-sglang demo demo-moe demo-causes test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +100,10 @@ demo: install install-vllm
 # The routing demo (Qwen3-MoE, a router fault named as routing): its own target, so that make demo stays short.
 demo-moe: install install-vllm
 	bash examples/demo_moe.sh $(BIN) $(VLLM_BIN)
+
+# Two real causes (sampling, an fp8 KV cache), no planted weights: its own target, so that make demo stays short.
+demo-causes: install install-vllm
+	bash examples/demo_causes.sh $(BIN) $(VLLM_BIN)
 
 # Headless Chromium renders the compare report in tests/analysis/test_compare.py (Debian's package).
 chromium:

@@ -3,15 +3,18 @@
     DUMP_ON=1 PROMPTS_ONLY=1 MSPROBE_ACTOR_CONFIG=... MSPROBE_GENERATE_CONFIG=... \\
         msprobe-hooks run -- .venv/bin/python cpu_kit/rl_loop.py --model DIR --prompts FILE --out DIR \\
         [--iterations 2] [--drop-tensor NAME --at-step K] [--dtype float32] [--lr 1e-4] [--packed]
+        [--temperature T --seed S] [--train-temperature T] [--logprobs-mode MODE] [--kv-cache-dtype DTYPE]
 
 One real vLLM engine (:mod:`cpu_kit.vllm_engine`, in ``.venv-vllm``) stays up for the whole run.
 Global step g (1, 2, ...) is what verl's trainer does per step, in its order:
 
 1. rollout: the prompts of FILE, one request at a time (each prefill step holds one prompt; with
-   ``--packed`` all at once, as vLLM packs them), greedy, with the sampled tokens' log-probs;
+   ``--packed`` all at once, as vLLM packs them), greedy (with ``--temperature T``: sampled at T,
+   request i seeded ``S + i``), with the sampled tokens' log-probs (vLLM's ``--logprobs-mode``);
    request ids (``g{g}-`` before the file's) and uids are new every step;
 2. verl's FSDP2 engine (:mod:`cpu_kit.verl_cpu`) recomputes the log-probs with the rollout's in
-   the batch (``rollout_log_probs``, as the v1 trainer passes them) and ``global_steps = g``;
+   the batch (``rollout_log_probs``, as the v1 trainer passes them), ``global_steps = g`` and
+   ``temperature`` (``--train-temperature``, 1.0 by default: verl divides the logits by it);
 3. a PPO update on that batch (``train_batch``: forward, backward, optimizer step), with the
    recomputed log-probs as ``old_log_probs``;
 4. the hand-over, before step g + 1: the engine's full state dict under Hugging Face names (verl's
@@ -22,6 +25,11 @@ Global step g (1, 2, ...) is what verl's trainer does per step, in its order:
 ``--drop-tensor NAME --at-step K`` plants a sync fault: NAME is left out of the hand-over before
 step K and of every later one (a parameter the sync stopped sending), so from step K on the
 rollout runs NAME's stale weights. K >= 2: step 1 runs the checkpoint both engines loaded.
+
+Two real causes of a gap, each an option: ``--temperature 0.8 --logprobs-mode processed_logprobs``
+with the trainer left at ``--train-temperature 1.0`` (the rollout's log-probs are of logits / 0.8,
+training's of the logits: a sampling mismatch); ``--kv-cache-dtype fp8_e4m3`` (the rollout's
+attention reads an fp8 KV cache: a precision cause). The defaults change nothing.
 
 Nothing here dumps: with the hooks on in the environment (the shim on PYTHONPATH, ``DUMP_ON=1``),
 the training side dumps the log-prob pass and the vLLM engine, which inherits the environment,
@@ -124,13 +132,17 @@ def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: in
         }
         for i, prompt in enumerate(prompts)
     ]
+    if args.temperature is not None:  # sampled, each request seeded: reproducible
+        for i, request in enumerate(requests):
+            request.update(temperature=args.temperature, seed=args.seed + i)
     samples = rollout_samples(prompts, rollout.generate(requests, packed=args.packed), step)
     lap("rollout")
-    batch = verl_cpu.make_batch(samples, micro_batch_size=MICRO_BATCH_SIZE, global_step=step)
+    settings = {"micro_batch_size": MICRO_BATCH_SIZE, "global_step": step, "temperature": args.train_temperature}
+    batch = verl_cpu.make_batch(samples, **settings)
     training = verl_cpu.response_log_probs(verl_cpu.log_probs(trainer, batch), samples)
     lap("log_prob")
     updated = [replace(s, old_log_probs=tuple(lp.tolist())) for s, lp in zip(samples, training, strict=True)]
-    output = verl_cpu.update(trainer, verl_cpu.make_batch(updated, micro_batch_size=MICRO_BATCH_SIZE, global_step=step))
+    output = verl_cpu.update(trainer, verl_cpu.make_batch(updated, **settings))
     lap("update")
     return {
         "global_step": step,
@@ -182,7 +194,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         env = engine_environment(rpc_dir)
         with VllmEngine(
-            args.vllm_python, args.model, env=env, log_path=out / "engine.log", dtype=args.dtype
+            args.vllm_python,
+            args.model,
+            env=env,
+            log_path=out / "engine.log",
+            dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
+            logprobs_mode=args.logprobs_mode,
         ) as rollout:
             engine = {"pid": rollout.pid, "vllm": rollout.vllm_version, "log": rollout.log_path}
             engine["start_s"] = time.perf_counter() - began
@@ -196,6 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "lr": args.lr,
         "packed": args.packed,
+        "temperature": args.temperature,
+        "seed": args.seed if args.temperature is not None else None,
+        "train_temperature": args.train_temperature,
+        "logprobs_mode": args.logprobs_mode,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "drop_tensor": args.drop_tensor,
         "at_step": args.at_step if args.drop_tensor else None,
         "engine": engine,
@@ -232,6 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--lr", type=float, default=LEARNING_RATE, help=f"the actor's learning rate (default {LEARNING_RATE})"
     )
     parser.add_argument("--packed", action="store_true", help="add a step's requests at once (default: one at a time)")
+    parser.add_argument("--temperature", type=float, help="sample the rollout at this temperature (default: greedy)")
+    parser.add_argument("--seed", type=int, default=0, help="with --temperature: request i's seed is SEED + i")
+    parser.add_argument(
+        "--train-temperature",
+        type=float,
+        default=1.0,
+        help="the temperature verl's engine divides the logits by (default 1.0)",
+    )
+    parser.add_argument(
+        "--logprobs-mode", default="raw_logprobs", help="vLLM's logprobs_mode (default raw_logprobs, vLLM's own)"
+    )
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype, e.g. fp8_e4m3 (default auto: the model's)"
+    )
     parser.add_argument("--vllm-python", default=os.fspath(VLLM_PYTHON), help="the interpreter of the vLLM venv")
     args = parser.parse_args(argv)
     if args.drop_tensor and not 2 <= args.at_step <= args.iterations:

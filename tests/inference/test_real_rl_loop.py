@@ -29,7 +29,7 @@ from support import REPO
 from support.interpreter import clean_env, run_python
 from support.pages import figures_drawn, rendered
 from support.real_vllm import VLLM_PYTHON, engine_env
-from support.rl_loop import LoopRun, run_loop
+from support.rl_loop import FP32_GAP, LoopRun, run_loop
 from support.verl_runs import HANG_LIMIT_S
 from support.vllm_standin import dumped_steps
 
@@ -44,9 +44,6 @@ pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it 
 FAULT_MODULE = f"model.{demo_inputs.PERTURBED_MODULE}"  # vLLM's and HF's path of the module both faults hit
 DROPPED = f"{FAULT_MODULE}.weight"
 DECODE_FACTOR = demo_inputs.PERTURBATION  # the demo plants the decode fault with the prefill act's factor
-# fp32 on both sides, same weights: measured max |training - rollout| 4.8e-7 at step 1 and 9.5e-7
-# after an update (3 steps, 4 prompts); the bound leaves 10x room.
-FP32_GAP = 1e-5
 STEPS_PER_ROLLOUT = sum(RESPONSE_LENGTHS)  # one at a time: a prefill, then a decode per further token
 
 

@@ -49,6 +49,7 @@ def compared(
     temperature: float | None = 1.0,
     prompts: dict[str, list[int]] | None = None,
     trained: dict[str, list[int]] | None = None,
+    older: bool = False,
 ):
     """The golden pair trees with the evidence files in their process folders; compare's diagnosis."""
     train, generate = tmp_path / "actor", tmp_path / "generate"
@@ -73,6 +74,12 @@ def compared(
     (train_process / GAP_LOG).write_text("".join(json.dumps(g) + "\n" for g in gaps))
     pairs = tmp_path / "pairs.jsonl"
     assert main(["align", str(train), str(generate), "-o", str(pairs)]) == 0
+    if older:  # a pairs file of an older align: no side files named, found by the layout
+        lines = [json.loads(line) for line in pairs.read_text().splitlines()]
+        for line in lines:
+            assert line["generate"].pop("engine_log").endswith(ENGINE_LOG)  # named by align, now taken out
+            line["train"].pop("engine_log", None), line["generate"].pop("requests_log", None)
+        pairs.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return compare_file(str(pairs), str(tmp_path / "report"), CompareOptions(jobs=1)).answer.diagnosis
 
 
@@ -104,6 +111,12 @@ def test_log_probs_made_differently_from_the_same_logits_are_sampling(tmp_path, 
     assert (found.cause, found.path) == (Cause.SAMPLING, DiagnosisPath.AFTER_LOGITS)
     assert found.evidence[0] == line
     assert any(e.startswith(f"the rollout returns {mode}") for e in found.evidence)
+
+
+def test_a_pairs_file_of_an_older_align_finds_the_records_by_the_layout(tmp_path):
+    sampling = {**PLAIN, "temperature": 0.8}
+    found = compared(tmp_path, rollout=ROLLOUT, training=TRAINING, sampling=sampling, older=True)
+    assert (found.cause, found.evidence[0]) == (Cause.SAMPLING, f"{TEMPERATURE} 0.8 (rollout) vs 1.0 (training)")
 
 
 def test_the_same_temperature_divided_on_both_sides_is_not_sampling(tmp_path):

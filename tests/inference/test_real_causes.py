@@ -13,18 +13,12 @@ from the oracle while the rollout's are far from it. Two vLLM engine starts (~20
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from support import REPO
-from support.interpreter import clean_env
-from support.real_vllm import VLLM_PYTHON
-from support.rl_loop import FP32_GAP
-from support.verl_runs import HANG_LIMIT_S
+from support.rl_loop import FP32_GAP, run_demo
 
 from cpu_kit.rl_loop import token_gaps
 
@@ -49,11 +43,7 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     out = tmp_path_factory.mktemp("demo-causes") / "out"
-    train_bin, vllm_bin = Path(sys.executable).parent, VLLM_PYTHON.parent
-    command = ["bash", str(REPO / "examples" / "demo_causes.sh"), str(train_bin), str(vllm_bin), str(out)]
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=2 * HANG_LIMIT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return Demo(out, done.stdout)
+    return Demo(out, run_demo("demo_causes.sh", out, hang_limits=2))
 
 
 @pytest.fixture(scope="module")

@@ -17,20 +17,16 @@ packed generation, weights handed over and back, an error answer. Each run start
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas
 import pytest
-from support import REPO
-from support.interpreter import clean_env, run_python
+from support.interpreter import run_python
 from support.pages import figures_drawn, rendered
 from support.real_vllm import VLLM_PYTHON, engine_env
-from support.rl_loop import FP32_GAP, LoopRun, run_loop
-from support.verl_runs import HANG_LIMIT_S
+from support.rl_loop import FP32_GAP, LoopRun, run_demo, run_loop
 from support.vllm_standin import dumped_steps
 
 from cpu_kit import demo_inputs
@@ -59,11 +55,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     sync-fault and decode-fault loops (the same ``rl_loop.py`` options and msprobe configs), its inputs the
     healthy loop's: one engine run each, shared."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    train_bin, vllm_bin = Path(sys.executable).parent, VLLM_PYTHON.parent
-    command = ["bash", str(REPO / "examples" / "demo.sh"), str(train_bin), str(vllm_bin), str(out)]
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=4 * HANG_LIMIT_S)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return Demo(out, done.stdout)
+    return Demo(out, run_demo("demo.sh", out, hang_limits=4))
 
 
 @pytest.fixture(scope="module")

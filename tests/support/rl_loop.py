@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support import REPO
-from support.interpreter import shim_env
+from support.interpreter import clean_env, shim_env
 from support.real_vllm import VLLM_PYTHON
+from support.verl_runs import HANG_LIMIT_S
 from support.vllm_standin import dispatch_log, dump_of, read_log
 
 LOOP = REPO / "cpu_kit" / "rl_loop.py"
@@ -103,3 +104,13 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
         ]
         raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
     return LoopRun.of(work)
+
+
+def run_demo(script: str, out: Path, hang_limits: int) -> str:
+    """An ``examples/`` demo script as the Makefile runs it (the two venvs' bin folders, the output folder ``out``),
+    in a clean environment, within ``hang_limits`` of :data:`HANG_LIMIT_S`; what it printed on the terminal."""
+    train_bin, vllm_bin = Path(sys.executable).parent, VLLM_PYTHON.parent
+    command = ["bash", str(REPO / "examples" / script), str(train_bin), str(vllm_bin), str(out)]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=hang_limits * HANG_LIMIT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout

@@ -53,6 +53,11 @@ def existing() -> Any | None:
     return instance if getattr(instance, "initialized", False) else None
 
 
+def rejected(config_path: str, dump_root: str) -> bool:
+    """Whether msprobe refused ``config_path`` (for ``dump_root``) in this process: nothing is dumped under it."""
+    return (config_path, dump_root) in _rejected
+
+
 def get_debugger(config_path: str, dump_root: str) -> Any:
     """The process debugger for ``config_path`` dumping under ``dump_root``; created on first use."""
     global _created_for

@@ -411,8 +411,13 @@ class ActorDumper:
             self._engine_log.watch(engine_name, current.engine)
 
     def record_engine(self, current: Pass, engine_name: str, result: Any) -> None:
-        """After a watched forward returned ``result``: the process's ``engine.jsonl`` line."""
-        if current.actor and not self._engine_log.done:
+        """After a watched forward returned ``result``: the process's ``engine.jsonl`` line; none under a dump root
+        whose config msprobe refused (that root stays as it was: nothing of ours is written there)."""
+        if (
+            current.actor
+            and not self._engine_log.done
+            and not debugger_module.rejected(*self.dump_root(current.patch.config))
+        ):
             self._engine_log.write(current.patch.config, engine_name, current.engine, result)
 
     # --- the log-prob gap ----------------------------------------------------------------------

@@ -111,6 +111,7 @@ BAD_VALUES = [
     ("MSPROBE_HOOKS_LOG_LEVEL", "LOUD", "accepted: DEBUG, INFO, WARNING, ERROR"),
     ("MSPROBE_HOOKS_PREFLIGHT", "strict", "accepted: warn, error"),
     ("MSPROBE_HOOKS_GENERATE_FORWARDS", "extend", "accepted: prefill, all"),
+    ("MSPROBE_HOOKS_GAP_TOKENS", "some", "accepted: dumped, all, none"),
     ("MSPROBE_HOOKS_ROUTING", "experts", "accepted: 1/0, true/false"),
     ("MSPROBE_HOOKS_EXTRA_PATCHES", "no_colon", "accepted: comma-separated module:attribute"),
     ("MSPROBE_HOOKS_EXTRA_PATCHES", "no_such_module:X", "ModuleNotFoundError"),

@@ -68,7 +68,8 @@ def test_identical_weights_no_divergence(l0, tmp_path):
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     assert list(results["unmatched"]) == [0] * 4
     assert results["max_error"].max() < 1e-5  # measured <= 1.3e-6 in fp32
-    assert done.stdout.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
+    cause, first = done.stdout.splitlines()[:2]
+    assert cause.startswith("cause: none: ") and first.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
     # the [1,T,H] training tensors met their [T,H] inference counterparts
     row = rows[(rows["module"] == "layers.0.self_attn.qkv_proj") & (rows["io"] == "output")].iloc[0]
     assert row["status"] == Status.COMPARED

@@ -80,7 +80,8 @@ def test_identical_weights_no_divergence(l0, tmp_path):
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     assert list(results["unmatched"]) == [0] * 4
     assert results["max_error"].max() < 1e-5  # measured <= 5.8e-7 in fp32
-    assert done.stdout.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
+    cause, first = done.stdout.splitlines()[:2]
+    assert cause.startswith("cause: none: ") and first.startswith(f"4 pairs: {Verdict.NO_DIVERGENCE}")
     # SGLang's fused-residual norm: output 1 is the previous layer's output, as vLLM's
     stream = rows[(rows["pair"] == 0) & (rows["module"] == "layers.0") & (rows["io"] == "output")].iloc[0]
     assert stream["generate_name"].endswith("layers.1.input_layernorm.RMSNorm.forward.0.output.1")

@@ -25,6 +25,7 @@ from support.real_vllm import VLLM_PYTHON, engine_env
 from support.verl_runs import HANG_LIMIT_S
 
 from cpu_kit.demo_inputs import PROMPT_LENS, build_models, write_prompts
+from msprobe_hooks.join_keys import DISPATCH_LOG
 
 from . import fault_matrix as fm
 from .verl_faults import tmpfs
@@ -140,7 +141,7 @@ def test_a_truncated_training_log(demo, tmp_path):
 def test_a_corrupted_dispatch_log_line(demo, tmp_path):
     with fm.cell("corrupted log line", fm.ALIGN) as tally:
         train, generate = copy_trees(demo, tmp_path)
-        (log,) = generate.glob("*/*.jsonl")
+        (log,) = generate.glob(f"*/{DISPATCH_LOG}")
         lines = log.read_text().splitlines()
         lines[0] = lines[0][:10] + "\x00garbage" + lines[0][10:]
         log.write_text("\n".join(lines) + "\n")

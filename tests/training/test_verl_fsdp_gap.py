@@ -19,7 +19,7 @@ from support.logprob_gaps import GAP_FIELDS, assert_gap, expected_gap
 from support.verl_runs import EngineRun, run_engine, write_config
 
 from cpu_kit import verl_cpu
-from msprobe_hooks import join_keys
+from msprobe_hooks import join_keys, numerics
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -138,11 +138,11 @@ def _assert_the_temperature_and_the_engine_line(run: EngineRun, lines: list[dict
     [path] = run.dump_root.glob(f"*/{join_keys.ENGINE_LOG}")
     [engine] = [json.loads(line) for line in path.read_text().splitlines()]
     assert (engine["side"], engine["engine"], engine["rank"]) == ("train", "verl-fsdp", 0)
-    numerics = engine["numerics"]
+    settings = engine["numerics"]
     # The CPU kit's engine asks verl for fp32 (mixed_precision fp32): its forward's logits are float32.
-    assert numerics["model_dtype"] == numerics["logits_dtype"] == result["logits_dtype"] == "float32"
-    assert numerics["param_dtype"] == "float32" and numerics["log_probs_dtype"] == "float32"
-    assert (numerics["attention_implementation"], numerics["remove_padding"]) == ("eager", True)
+    assert settings["model_dtype"] == settings["logits_dtype"] == result["logits_dtype"] == "float32"
+    assert settings["param_dtype"] == "float32" and settings["log_probs_dtype"] == "float32"
+    assert (settings["attention_implementation"], settings["remove_padding"]) == ("eager", True)
     from transformers import AutoConfig
 
     # The folder's configuration, as another engine would load it: verl's own overrides (the tokenizer's token

@@ -4,6 +4,7 @@
         msprobe-hooks run -- .venv/bin/python cpu_kit/rl_loop.py --model DIR --prompts FILE --out DIR \\
         [--iterations 2] [--drop-tensor NAME --at-step K] [--dtype float32] [--lr 1e-4] [--packed]
         [--temperature T --seed S] [--train-temperature T] [--logprobs-mode MODE] [--kv-cache-dtype DTYPE]
+        [--rollout-hf-overrides JSON] [--rollout-token-change POS]
 
 One real vLLM engine (:mod:`cpu_kit.vllm_engine`, in ``.venv-vllm``) stays up for the whole run.
 Global step g (1, 2, ...) is what verl's trainer does per step, in its order:
@@ -26,10 +27,16 @@ Global step g (1, 2, ...) is what verl's trainer does per step, in its order:
 step K and of every later one (a parameter the sync stopped sending), so from step K on the
 rollout runs NAME's stale weights. K >= 2: step 1 runs the checkpoint both engines loaded.
 
-Two real causes of a gap, each an option: ``--temperature 0.8 --logprobs-mode processed_logprobs``
+Real causes of a gap, each an option: ``--temperature 0.8 --logprobs-mode processed_logprobs``
 with the trainer left at ``--train-temperature 1.0`` (the rollout's log-probs are of logits / 0.8,
 training's of the logits: a sampling mismatch); ``--kv-cache-dtype fp8_e4m3`` (the rollout's
-attention reads an fp8 KV cache: a precision cause). The defaults change nothing.
+attention reads an fp8 KV cache: a precision cause); ``--rollout-hf-overrides JSON``, vLLM's
+``hf_overrides`` on the rollout engine only (``{"head_dtype": "bfloat16"}``: its logits in bf16, a
+precision cause; ``{"rope_parameters": {...}}``: another model configuration, a configuration cause);
+``--rollout-token-change POS``: the first prompt of the file is fed to the rollout with its token at
+POS replaced by the next id (modulo the vocabulary), under its own request id, while training
+recomputes on the prompt as written (a re-tokenized prompt: an inputs cause; the other prompts stay
+as written). The defaults change nothing.
 
 Nothing here dumps: with the hooks on in the environment (the shim on PYTHONPATH, ``DUMP_ON=1``),
 the training side dumps the log-prob pass and the vLLM engine, which inherits the environment,
@@ -94,6 +101,13 @@ def hand_over(engine: Any, folder: Path, drop: Sequence[str]) -> list[str]:
     return sorted(drop)
 
 
+def changed_token(prompt: Sequence[int], position: int, vocab_size: int) -> list[int]:
+    """``prompt`` with its token at ``position`` replaced by the next id, modulo ``vocab_size``."""
+    if not 0 <= position < len(prompt):
+        raise SystemExit(f"--rollout-token-change {position}: the first prompt has {len(prompt)} tokens")
+    return [(t + 1) % vocab_size if i == position else t for i, t in enumerate(prompt)]
+
+
 def rollout_samples(prompts: list[dict], outputs: list[dict], step: int) -> list[verl_cpu.Sample]:
     return [
         verl_cpu.Sample(
@@ -132,6 +146,9 @@ def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: in
         }
         for i, prompt in enumerate(prompts)
     ]
+    if args.rollout_token_change is not None:  # the rollout only: samples keep the prompt as written
+        fed = requests[0]["prompt_token_ids"]
+        requests[0]["prompt_token_ids"] = changed_token(fed, args.rollout_token_change, vocab_size(args.model))
     if args.temperature is not None:  # sampled, each request seeded: reproducible
         for i, request in enumerate(requests):
             request.update(temperature=args.temperature, seed=args.seed + i)
@@ -152,11 +169,12 @@ def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: in
                 "request_id": s.request_id,
                 "uid": s.uid,
                 "prompt_token_ids": list(s.prompt),
+                "rollout_prompt_token_ids": list(request["prompt_token_ids"]),  # what the rollout was fed
                 "response_token_ids": list(s.response),
                 "rollout_log_probs": list(s.rollout_log_probs),
                 "training_log_probs": lp.tolist(),
             }
-            for s, lp in zip(samples, training, strict=True)
+            for s, lp, request in zip(samples, training, requests, strict=True)
         ],
         "metrics": {
             "pg_loss": output["metrics"]["actor/pg_loss"].aggregate(),  # a verl Metric
@@ -164,6 +182,10 @@ def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: in
         },
         "wall_s": wall,
     }
+
+
+def vocab_size(model: str) -> int:
+    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
 
 
 def dump_locations() -> dict[str, Any] | None:
@@ -201,6 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             dtype=args.dtype,
             kv_cache_dtype=args.kv_cache_dtype,
             logprobs_mode=args.logprobs_mode,
+            hf_overrides=args.rollout_hf_overrides,
         ) as rollout:
             engine = {"pid": rollout.pid, "vllm": rollout.vllm_version, "log": rollout.log_path}
             engine["start_s"] = time.perf_counter() - began
@@ -219,6 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "train_temperature": args.train_temperature,
         "logprobs_mode": args.logprobs_mode,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "rollout_hf_overrides": args.rollout_hf_overrides,
+        "rollout_token_change": args.rollout_token_change,
         "drop_tensor": args.drop_tensor,
         "at_step": args.at_step if args.drop_tensor else None,
         "engine": engine,
@@ -268,6 +293,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype, e.g. fp8_e4m3 (default auto: the model's)"
+    )
+    parser.add_argument(
+        "--rollout-hf-overrides",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help='vLLM\'s hf_overrides on the rollout engine only, e.g. \'{"head_dtype": "bfloat16"}\' (default {})',
+    )
+    parser.add_argument(
+        "--rollout-token-change",
+        type=int,
+        metavar="POS",
+        help="feed the rollout the first prompt with its token at POS replaced by the next id (training: as written)",
     )
     parser.add_argument("--vllm-python", default=os.fspath(VLLM_PYTHON), help="the interpreter of the vLLM venv")
     args = parser.parse_args(argv)

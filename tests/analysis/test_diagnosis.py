@@ -31,6 +31,11 @@ def test_fp32_on_both_sides_with_nothing_diverging_is_none(tmp_path):
     found = compared(tmp_path, VERDICT / "actor", VERDICT / "fp32-clean" / "generate").answer.diagnosis
     assert (found.cause, found.path, found.module) == (Cause.NONE, None, None)
     assert "floor 0.0001 (4 x unit roundoff of float32)" in found.evidence[1]
+    # No ids recorded here: the embedding's input speaks only for what msprobe's statistics of ids hold
+    assert found.evidence[-1] == (
+        "token ids compared through embed_tokens input: equal in 4 of 4 pairs "
+        "(4 by their max and min only: a changed id between them is not seen)"
+    )
 
 
 def test_fp32_training_against_bf16_vllm_is_the_models_precision(tmp_path):
@@ -236,7 +241,7 @@ BOTH_SIDES = {  # field: (training, rollout, the cause, the evidence line)
         SideEvidence(token_ids={"req-0": [1, 872, 3]}),
         SideEvidence(token_ids={"req-0": [1, 151644, 3]}),
         Cause.INPUTS,
-        "token ids of req-0 differ from position 1: 151644 (rollout) vs 872 (training)",
+        "token ids differ from position 1: 151644 (rollout) vs 872 (training) in request req-0",
     ),
 }
 

@@ -154,7 +154,7 @@ def test_a_prompt_tokenized_otherwise_under_the_same_request_id_is_inputs(tmp_pa
     trained = {**golden.PROMPTS, "req-0": [5, 17, 42, 872, 77, 23]}
     found = compared(tmp_path, rollout=ROLLOUT, training=TRAINING, sampling=PLAIN, trained=trained)
     assert found.cause is Cause.INPUTS
-    assert found.evidence[0] == "token ids of req-0 differ from position 3: 9 (rollout) vs 872 (training)"
+    assert found.evidence[0] == "token ids differ from position 3: 9 (rollout) vs 872 (training) in request req-0"
 
 
 def test_evidence_one_side_did_not_record_decides_nothing(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from msprobe_hooks.analysis.answer.run_view import StepView, token_gap
 from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.answer.verdict import UNIT_ROUNDOFF, StepRule, unit_roundoff
-from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, PairKind, PairResult, Verdict
+from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, Mode, PairKind, PairResult, Verdict
 
 DIAGNOSIS_FILE = "diagnosis.json"
 SIDES = ("training", "rollout")
@@ -227,7 +227,7 @@ def inputs_differ(facts: Facts) -> Diagnosis | None:
             at = next((i for i, (a, b) in enumerate(zip(t, g, strict=False)) if a != b), min(len(t), len(g)))
             if t != g:
                 ids = f"{g[at] if at < len(g) else 'end'} (rollout) vs {t[at] if at < len(t) else 'end'} (training)"
-                evidence.append(f"token ids of {request} differ from position {at}: {ids}")
+                evidence.append(f"token ids differ from position {at}: {ids} in request {request}")
     differing = [
         (r, row, error)
         for r in facts.compared
@@ -620,5 +620,8 @@ def _not_recorded(facts: Facts) -> list[str]:
         integer_rows = [r.row_facts.integer_rows for r in with_ids if r.row_facts]
         equal = sum(all(e == 0 for e in errors.values()) for errors in integer_rows)
         rows = sorted({row for errors in integer_rows for row in errors})
-        lines.append(f"token ids compared through {', '.join(rows)}: equal in {equal} of {len(with_ids)} pairs")
+        statistics = sum(r.mode is Mode.STATISTICS for r in with_ids)
+        # msprobe's statistics of an integer tensor are its max and min only: an id changed between them is unseen
+        seen = f" ({statistics} by their max and min only: a changed id between them is not seen)" if statistics else ""
+        lines.append(f"token ids compared through {', '.join(rows)}: equal in {equal} of {len(with_ids)} pairs{seen}")
     return lines

@@ -7,7 +7,15 @@ both sides, the hooks on from the environment: (1) the rollout samples at temper
 checked for its cause, path and evidence, and each gap against an oracle independent of the tool and of both
 engines: Hugging Face transformers' own forward of the same tokens on the same checkpoint. The healthy loop's gap
 (fp32 noise, ``FP32_GAP``) is checked by ``test_real_rl_loop.py``; here training's log-probs must sit at that noise
-from the oracle while the rollout's are far from it. Two vLLM engine starts (~20-70 s each on 2 cores).
+from the oracle while the rollout's are far from it.
+
+Three more kinds, in two more runs of the loop (each ~85 s here; not acts of the demo, which stays two causes), each
+cause put on the rollout engine only, through what vLLM itself offers: ``hf_overrides={"head_dtype": "bfloat16"}``
+(its logits in bf16: ``precision`` after the logits); ``hf_overrides={"rope_parameters": ...}`` with another rope
+theta (``configuration``) in the same run as one prompt fed to the rollout with one token changed under its own
+request id (``inputs``). A diagnosis answers for the pairs its report is given: the whole run's report (every pair)
+must say ``inputs`` (the rules' order: inputs first, everything downstream inherits them), the report of the three
+other prompts' pairs ``configuration``. Four vLLM engine starts in all (~20-70 s each on 2 cores).
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.rl_loop import FP32_GAP, run_demo
+from support.rl_loop import FP32_GAP, LoopRun, run_demo, run_loop
 
 from cpu_kit.rl_loop import token_gaps
+from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -54,11 +63,22 @@ def reference(demo: Demo) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(demo.out / "inputs" / "model", dtype=torch.float32).eval()
 
 
-def oracle_log_probs(model: torch.nn.Module, sample: dict, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / temperature) of the sample's response tokens, by transformers' forward of its ids."""
-    prompt, response = sample["prompt_token_ids"], sample["response_token_ids"]
+def oracle_log_probs(
+    model: torch.nn.Module,
+    sample: dict,
+    temperature: float = TRAIN_TEMPERATURE,
+    *,
+    fed: str = "prompt_token_ids",
+    head_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """log_softmax(logits / temperature) of the sample's response tokens after its prompt ``fed`` (training's, or
+    ``rollout_prompt_token_ids``: what the rollout was fed), by transformers' forward of those ids, the lm_head
+    applied in ``head_dtype`` (as vLLM's logits processor applies a ``head_dtype``: both operands cast)."""
+    prompt, response = sample[fed], sample["response_token_ids"]
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        hidden = model.model(torch.tensor([prompt + response])).last_hidden_state[0]
+        hidden = hidden[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+        logits = torch.nn.functional.linear(hidden.to(head_dtype), model.lm_head.weight.to(head_dtype)).float()
     return torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(response)[:, None])[:, 0]
 
 
@@ -113,3 +133,113 @@ def test_an_fp8_kv_cache_in_the_rollout_is_precision_at_the_attention_core(demo:
         training = oracle_log_probs(reference, sample, TRAIN_TEMPERATURE)
         assert largest_gap(training, sample["training_log_probs"]) < FP32_GAP
     assert token_gap(demo.samples("kv_fp8")) > 100 * FP32_GAP
+
+
+# --- three more kinds, two more runs: the rollout engine's own hf_overrides, and a prompt re-tokenized -------------
+
+HEAD_DTYPE = "bfloat16"  # the rollout's logits (vLLM's head_dtype); the model and training stay fp32
+ROPE_THETA = 500000.0  # the rollout's rope theta (the checkpoint's is 10000)
+CHANGED_AT = 2  # the position of the first prompt's token the rollout is fed changed
+# The rollout's bf16 logits against the oracle's (the same casts, from fp32 hidden states that differ at fp32 noise,
+# so a bf16 rounding may fall the other way): measured 6.7e-6, against 9.4e-4..2.9e-3 from the fp32 logits.
+BF16_HEAD_GAP = 10 * FP32_GAP
+
+
+@dataclass
+class Report:
+    """A loop run of this module and the diagnoses of its pairs."""
+
+    run: LoopRun
+
+    def samples(self) -> list[dict]:
+        (step,) = self.run.steps
+        return step["samples"]
+
+    def diagnosis(self, name: str, leave_out: tuple[str, ...] = ()) -> dict:
+        """``compare``'s diagnosis of the run's pairs (``align``'s, as a user runs them) less those of the request
+        ids ``leave_out``: a report answers for the pairs it is given."""
+        work = self.run.work
+        pairs = work / "pairs.jsonl"
+        if not pairs.exists():
+            assert main(["align", str(self.run.train_root), str(self.run.generate_root), "-o", str(pairs)]) == 0
+        kept = work / f"{name}.pairs.jsonl"
+        lines = [line for line in pairs.read_text().splitlines() if json.loads(line)["key"] not in leave_out]
+        kept.write_text("\n".join(lines) + "\n")
+        assert main(["compare", str(kept), "-o", str(work / name)]) == 0
+        return json.loads((work / name / "diagnosis.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> Report:
+    overrides = json.dumps({"head_dtype": HEAD_DTYPE})
+    work = tmp_path_factory.mktemp("head-dtype")
+    return Report(run_loop(work, demo.out / "inputs", "--iterations", "1", "--rollout-hf-overrides", overrides))
+
+
+@pytest.fixture(scope="module")
+def rope_and_token(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> Report:
+    overrides = json.dumps({"rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"}})
+    args = ["--iterations", "1", "--rollout-hf-overrides", overrides, "--rollout-token-change", str(CHANGED_AT)]
+    return Report(run_loop(tmp_path_factory.mktemp("rope-and-token"), demo.out / "inputs", *args))
+
+
+@pytest.fixture(scope="module")
+def rope_reference(demo: Demo) -> torch.nn.Module:
+    """The checkpoint in transformers with the rollout's rope theta: the oracle of the rollout's configuration."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = demo.out / "inputs" / "model"
+    config = AutoConfig.from_pretrained(model)
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": ROPE_THETA}
+    return AutoModelForCausalLM.from_pretrained(model, config=config, dtype=torch.float32).eval()
+
+
+def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: Report, reference) -> None:
+    diagnosis = head.diagnosis("report")
+    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("precision", "after the logits", "lm_head")
+    assert diagnosis["evidence"][0].startswith(f"lm_head output {HEAD_DTYPE} (rollout) vs float32 (training)")
+    assert diagnosis["evidence"][1].startswith("every error within the float32 floor"), diagnosis["evidence"]
+    # The oracle: the rollout's log-probs are of the fp32 model's hidden states through a bf16 lm_head, training's of
+    # the fp32 lm_head; the two apart by far more than either is from its oracle.
+    for sample in head.samples():
+        rollout = oracle_log_probs(reference, sample, head_dtype=getattr(torch, HEAD_DTYPE))
+        assert largest_gap(rollout, sample["rollout_log_probs"]) < BF16_HEAD_GAP
+        assert largest_gap(oracle_log_probs(reference, sample), sample["training_log_probs"]) < FP32_GAP
+    assert token_gap(head.samples()) > 100 * FP32_GAP
+
+
+def test_a_prompt_fed_otherwise_under_its_request_id_is_inputs(rope_and_token: Report, reference, rope_reference):
+    changed = next(s for s in rope_and_token.samples() if s["prompt_token_ids"] != s["rollout_prompt_token_ids"])
+    fed, written = changed["rollout_prompt_token_ids"][CHANGED_AT], changed["prompt_token_ids"][CHANGED_AT]
+    diagnosis = rope_and_token.diagnosis("report")  # every pair: the configuration differs too; inputs come first
+    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("inputs", None, None)
+    assert diagnosis["evidence"][0] == (
+        f"token ids differ from position {CHANGED_AT}: {fed} (rollout) vs {written} (training) "
+        f"in request {changed['request_id']}"
+    )
+    assert len([line for line in diagnosis["evidence"] if line.startswith("token ids differ")]) == 1
+    # The oracle: the rollout's log-probs are transformers' on the prompt it was fed (with its rope theta), training's
+    # on the prompt as written; apart by far more than the rope theta alone moves the other prompts.
+    rollout = oracle_log_probs(rope_reference, changed, fed="rollout_prompt_token_ids")
+    assert largest_gap(rollout, changed["rollout_log_probs"]) < FP32_GAP
+    assert largest_gap(oracle_log_probs(reference, changed), changed["training_log_probs"]) < FP32_GAP
+    others = [s for s in rope_and_token.samples() if s is not changed]
+    assert token_gap([changed]) > 10 * token_gap(others)
+
+
+def test_the_rollouts_rope_theta_override_is_configuration(rope_and_token: Report, reference, rope_reference):
+    changed = [
+        s["request_id"] for s in rope_and_token.samples() if s["prompt_token_ids"] != s["rollout_prompt_token_ids"]
+    ]
+    diagnosis = rope_and_token.diagnosis("others", leave_out=tuple(changed))
+    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("configuration", None, None)
+    checkpoint = json.loads((Path(rope_and_token.run.summary["model"]) / "config.json").read_text())
+    decided = [line for line in diagnosis["evidence"] if not line.startswith("not recorded")]
+    assert decided == [f"rope_theta {ROPE_THETA} (rollout) vs {checkpoint['rope_parameters']['rope_theta']} (training)"]
+    # The oracle: the rollout's log-probs are transformers' with the rollout's rope theta, training's with the
+    # checkpoint's, each to fp32 noise, and far from each other.
+    samples = [s for s in rope_and_token.samples() if s["request_id"] not in changed]
+    for sample in samples:
+        assert largest_gap(oracle_log_probs(rope_reference, sample), sample["rollout_log_probs"]) < FP32_GAP
+        assert largest_gap(oracle_log_probs(reference, sample), sample["training_log_probs"]) < FP32_GAP
+    assert token_gap(samples) > 100 * FP32_GAP

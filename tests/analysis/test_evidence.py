@@ -22,6 +22,7 @@ from msprobe_hooks.cli import main
 from msprobe_hooks.inference.evidence import request_line
 from msprobe_hooks.join_keys import ENGINE_LOG, GAP_LOG, REQUESTS_LOG
 
+VERDICT = golden.GOLDEN / "verdict"
 CONFIG = {"model_type": "qwen2", "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 FP32 = {"model_dtype": "float32", "kv_cache_dtype": "float32", "head_dtype": "float32"}
 
@@ -148,6 +149,24 @@ def test_logits_in_another_dtype_with_every_module_agreeing_are_precision(tmp_pa
     found = compared(tmp_path, rollout=ROLLOUT, training=training, sampling=PLAIN)
     assert (found.cause, found.path, found.module) == (Cause.PRECISION, DiagnosisPath.AFTER_LOGITS, "lm_head")
     assert found.evidence[0].startswith("lm_head output float32 (rollout) vs bfloat16 (training)")
+
+
+def test_a_whole_rollout_in_bf16_is_the_models_precision_not_its_logits(tmp_path):
+    """vLLM in bf16 computes its logits in bf16 too (head_dtype defaults to the model's): fp32 training against it is
+    the whole model's precision, every row in another dtype, and names no module, however its logits' dtypes differ
+    (the golden fp32 training tree against vLLM bf16, each side's engine.jsonl as the real engines write it)."""
+    train, generate = tmp_path / "actor", tmp_path / "generate"
+    shutil.copytree(VERDICT / "actor", train)
+    shutil.copytree(VERDICT / "bf16-clean" / "generate", generate)
+    bf16 = {"model_dtype": "bfloat16", "kv_cache_dtype": "bfloat16", "head_dtype": "bfloat16"}
+    for root, line in ((train, TRAINING), (generate, engine("generate", bf16, CONFIG))):
+        (process,) = [p for p in root.iterdir() if p.name.isdigit()]
+        (process / ENGINE_LOG).write_text(json.dumps(line) + "\n")
+    pairs = tmp_path / "pairs.jsonl"
+    assert main(["align", str(train), str(generate), "-o", str(pairs)]) == 0
+    found = compare_file(str(pairs), str(tmp_path / "report"), CompareOptions(jobs=1)).answer.diagnosis
+    assert (found.cause, found.path, found.module) == (Cause.PRECISION, None, None)
+    assert found.evidence[0] == "model dtype float32 (training) vs bfloat16 (rollout) on 100% of the compared rows"
 
 
 def test_a_prompt_tokenized_otherwise_under_the_same_request_id_is_inputs(tmp_path):

@@ -174,6 +174,9 @@ def test_a_prompt_tokenized_otherwise_under_the_same_request_id_is_inputs(tmp_pa
     found = compared(tmp_path, rollout=ROLLOUT, training=TRAINING, sampling=PLAIN, trained=trained)
     assert found.cause is Cause.INPUTS
     assert found.evidence[0] == "token ids differ from position 3: 9 (rollout) vs 872 (training) in request req-0"
+    assert found.line == f"cause: inputs: the two sides were fed different token ids: {found.evidence[0]}; every " + (
+        "module downstream inherits it"
+    )
 
 
 def test_evidence_one_side_did_not_record_decides_nothing(tmp_path):

@@ -235,6 +235,7 @@ def inputs_differ(facts: Facts) -> Diagnosis | None:
         for row, error in r.row_facts.integer_rows.items()
         if error > 0
     ]
+    recorded = list(evidence)
     if differing:
         r, row, error = differing[0]
         with_rows = sum(bool(r.row_facts and r.row_facts.integer_rows) for r in facts.compared)
@@ -245,11 +246,12 @@ def inputs_differ(facts: Facts) -> Diagnosis | None:
         )
     if not evidence:
         return None
+    first = f": {recorded[0]}" if recorded else ""  # the one-line answer names the first position and its ids
     return Diagnosis(
         Cause.INPUTS,
         global_step=differing[0][0].global_step if differing else None,
         evidence=evidence,
-        sentence="the two sides were fed different token ids; every module downstream inherits it",
+        sentence=f"the two sides were fed different token ids{first}; every module downstream inherits it",
     )
 
 

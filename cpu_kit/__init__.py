@@ -9,7 +9,8 @@
 * :mod:`cpu_kit.vllm_engine`: a long-lived real vLLM engine (``.venv-vllm``) over JSON lines:
   generate with log-probs, weights handed over to the running engine; and its client;
 * :mod:`cpu_kit.rl_loop`: the RL loop over both engines (rollout, log-prob pass, update, weight
-  hand-over) for as many global steps as asked, with a planted sync fault on request;
+  hand-over) for as many global steps as asked, with a planted sync fault on request, and real causes put on
+  the rollout only (a temperature, an fp8 KV cache, vLLM's ``hf_overrides``, a prompt re-tokenized);
 * ``cpu_kit/vllm_decode_fault/``: a vLLM plugin package (installed into ``.venv-vllm`` by
   ``make install-vllm``) that plants a decode-only fault when ``CPU_KIT_DECODE_FAULT`` is set.
 

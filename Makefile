@@ -51,7 +51,8 @@ SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
 # verl's own trainer (`python3 -m verl.trainer.main_ppo`, Ray, the agent loop, vLLM CPU as its rollout server): one
-# interpreter must hold verl and vLLM. A venv layered on .venv-vllm by a .pth file (its packages seen, not copied), plus
+# interpreter must hold verl and vLLM. A venv layered on .venv-vllm by a .pth file (site.addsitedir: its packages and
+# editable installs seen, not copied; the CPU kit's vLLM plugin is one), plus
 # verl --no-deps (its transformers<5.11 pin is metadata only: the FSDP engine runs on vLLM's 5.19) and verl's other
 # dependencies (constraints-verl-e2e.txt: pip freeze of what this venv adds; tensordict's pyvers needs packaging<26,
 # so packaging 25.0 shadows the vLLM venv's 26.4). verl asks importlib.metadata.version("vllm") and the distribution
@@ -110,7 +111,7 @@ install-vllm: $(VLLM_BIN)/msprobe-hooks
 $(VERL_E2E_BIN)/msprobe-hooks: $(VLLM_BIN)/msprobe-hooks setup.cfg pyproject.toml constraints-verl-e2e.txt
 	rm -rf $(VERL_E2E_VENV)
 	$(PYTHON) -m venv $(VERL_E2E_VENV)
-	$(VLLM_BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' \
+	$(VLLM_BIN)/python -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_path("purelib"))' \
 		> "$$($(VERL_E2E_BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_vllm_venv.pth"
 	$(VERL_E2E_BIN)/pip install -q --no-deps verl==0.9.1
 	$(VERL_E2E_BIN)/pip install -q -c constraints-verl-e2e.txt $(VERL_E2E_DEPS)

@@ -1,0 +1,139 @@
+"""verl's own trainer, ``python3 -m verl.trainer.main_ppo``, end to end on CPU with the hooks on from the environment.
+
+One run per trainer (the v1 trainer with TransferQueue, the legacy ``RayPPOTrainer.fit``), two global steps each,
+launched by :mod:`cpu_kit.main_ppo` in ``.venv-verl-e2e`` (``make install-verl-e2e``): Ray, the agent loop, vLLM
+CPU as an async rollout server, the FSDP2 actor in fp32, the weight sync after every step. The hooks come from the
+environment only: the shim first on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1``, the msprobe configs of both sides;
+verl's own preflight passes on the recipe's overrides the launcher starts with. Then, as a user would: ``align``
+pairs every sample with its prefill, ``compare`` finds no divergence at any step, and the gap log agrees with
+verl's own ``training/rollout_probs_diff_*`` of the same steps. A run takes ~4-6 min on 2 cores; the launcher
+kills the whole process group at its timeout (a failed weight sync hangs rather than exits).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas
+import pytest
+from support import REPO
+from support.interpreter import shim_env
+from support.vllm_standin import read_log
+
+from cpu_kit.main_ppo import PROMPTS, TIMEOUT_S
+from cpu_kit.main_ppo import Run as MainPpoRun
+from msprobe_hooks.analysis.results import Verdict
+from msprobe_hooks.cli import main
+
+pytestmark = pytest.mark.engine  # runs the real engines (make test-fast leaves it out)
+
+VERL_E2E_PYTHON = REPO / ".venv-verl-e2e" / "bin" / "python"
+MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
+STEPS = 2
+# The gap log and verl compute |exp(old) - exp(rollout)| from the same float32 tensors: they agree to rounding.
+SAME_VALUE = 1e-6
+
+
+@dataclass
+class Launch:
+    run: MainPpoRun
+    printed: str  # what the launcher printed
+
+    @property
+    def dumps(self) -> Path:
+        return self.run.work / "dumps"
+
+    def train_log(self) -> list[dict]:
+        (path,) = (self.dumps / "actor").glob("*/update_actor_log.jsonl")
+        return read_log(path)
+
+    def gap_log(self) -> list[dict]:
+        (path,) = (self.dumps / "actor").glob("*/logprob_gap.jsonl")
+        return read_log(path)
+
+    def dispatch_log(self) -> list[dict]:
+        (path,) = (self.dumps / "generate").glob("*/dispatch_log.jsonl")
+        return read_log(path)
+
+
+def launch(work: Path, *args: str) -> Launch:
+    assert VERL_E2E_PYTHON.exists(), f"{VERL_E2E_PYTHON} is missing: build it with `make install-verl-e2e`"
+    env = shim_env(
+        DUMP_ON="1",
+        PROMPTS_ONLY="1",
+        MSPROBE_HOOKS_OUTPUT_DIR=str(work / "dumps"),
+        MSPROBE_ACTOR_CONFIG=str(MSPROBE_CONFIG),
+        MSPROBE_GENERATE_CONFIG=str(MSPROBE_CONFIG),
+    )
+    command = [str(VERL_E2E_PYTHON), "-m", "cpu_kit.main_ppo", str(work), "--steps", str(STEPS), *args]
+    # The launcher kills main_ppo's process group at TIMEOUT_S; this bound is for the launcher itself.
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120)
+    run = MainPpoRun(work, done.returncode, "timed out" in done.stdout, 0.0)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:] + "\n" + tail(run.log)
+    return Launch(run, done.stdout)
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+@pytest.fixture(scope="module", params=["v1", "legacy"])
+def healthy(request, tmp_path_factory) -> Launch:
+    """A healthy run of each trainer: the same weights on both sides, fp32 both."""
+    args = ["--legacy"] if request.param == "legacy" else []
+    return launch(tmp_path_factory.mktemp(f"main-ppo-{request.param}"), *args)
+
+
+@pytest.fixture(scope="module")
+def report(healthy: Launch) -> tuple[pandas.DataFrame, str, Path]:
+    """``align`` + ``compare`` on the run's dumps, as a user runs them."""
+    out = healthy.run.work / "analysis"
+    pairs_file, folder = out / "pairs.jsonl", out / "report"
+    assert main(["align", str(healthy.dumps / "actor"), str(healthy.dumps / "generate"), "-o", str(pairs_file)]) == 0
+    done = subprocess.run(
+        [str(VERL_E2E_PYTHON), "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return pandas.read_csv(folder / "pairs.csv", keep_default_na=False), done.stdout, folder
+
+
+def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(healthy: Launch) -> None:
+    metrics = healthy.run.metrics()
+    assert sorted(metrics) == list(range(1, STEPS + 1)), healthy.printed
+    assert all(step["actor/grad_norm"] > 0 for step in metrics.values())  # the reward gives non-zero advantages
+    # Both sides dumped every global step: the actor's log-prob pass (one prompt-only dump per sample) ...
+    lines = healthy.train_log()
+    assert [line["global_step"] for line in lines] == list(range(1, STEPS + 1))
+    assert all((healthy.dumps / "actor" / f"step{line['step']}" / "rank0" / "dump.json").is_file() for line in lines)
+    # ... and vLLM's worker, each model step of both rollouts, every request one of the trainer's.
+    dispatch = healthy.dispatch_log()
+    requests = {row["request_id_base"] for line in dispatch for row in line["requests"]}
+    assert {ids for line in lines for ids in line["request_ids"]} <= requests
+    assert len(requests) == STEPS
+
+
+def test_align_pairs_every_sample_and_compare_finds_no_divergence_at_any_step(healthy, report) -> None:
+    pairs, printed, folder = report
+    assert len(pairs) == STEPS and set(pairs["kind"]) == {"prefill"}
+    assert sorted(pairs["global_step"]) == list(range(1, STEPS + 1))
+    assert set(pairs["verdict"]) == {Verdict.NO_DIVERGENCE.value}, printed
+    assert f"run: no global step diverges ({STEPS} steps compared)" in printed
+    assert json.loads((folder / "diagnosis.json").read_text())["cause"] == "none", printed
+
+
+def test_the_gap_log_is_verls_own_rollout_probs_diff(healthy: Launch) -> None:
+    metrics, gaps = healthy.run.metrics(), healthy.gap_log()
+    assert [gap["global_step"] for gap in gaps] == list(range(1, STEPS + 1))  # one sample a step (the recipe)
+    for gap in gaps:
+        ours = metrics[gap["global_step"]]
+        assert math.isclose(gap["probs_diff_max"], ours["training/rollout_probs_diff_max"], abs_tol=SAME_VALUE)
+        assert math.isclose(gap["probs_diff_mean"], ours["training/rollout_probs_diff_mean"], abs_tol=SAME_VALUE)
+        assert gap["max"] < 1e-5  # fp32 on both sides, the weights synced: noise (cpu_kit.rl_loop measured 1e-6)
+    assert len(PROMPTS) >= STEPS  # one new prompt a step

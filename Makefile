@@ -5,10 +5,11 @@
 #               routing (examples/demo_moe.sh)
 #   make demo-causes   two real causes, each answered in one line: the rollout's temperature never given to the
 #               trainer (sampling) and an fp8 KV cache in vLLM (precision), no weight touched (examples/demo_causes.sh)
-#   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint, type-check and run the
+#   make test   install into .venv (with Megatron), .venv-vllm, .venv-verl-e2e and .venv-sglang, then lint, type-check and run the
 #               whole test suite (what .ci/run calls)
 #   make test-fast   lint, type-check and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
 #   make dist   the wheel to carry into a cluster's container (dist/)
+#   make install-verl-e2e   .venv-verl-e2e: verl's own trainer (main_ppo) with vLLM CPU (docs/verl-main-ppo.md)
 #   make install-megatron   megatron-core and mbridge into .venv, for verl's real Megatron engine (make test does)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
@@ -141,7 +142,7 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # Two workers, a test file to each at a time (tests/conftest.py: engine files first, the real-size model alone).
-test: install install-megatron install-vllm install-sglang verl-tests chromium
+test: install install-megatron install-vllm install-verl-e2e install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

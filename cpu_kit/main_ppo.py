@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--legacy", action="store_true", help="the legacy trainer (trainer.use_v1=False)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds (default {TIMEOUT_S})")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, after the kit's")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before or after the options
     done = run(args.work, *args.overrides, steps=args.steps, legacy=args.legacy, timeout=args.timeout)
     state = "timed out, killed" if done.timed_out else f"exit {done.returncode}"
     print(f"main_ppo: {state} after {done.wall_s:.0f} s; log {done.log}")

@@ -414,13 +414,16 @@ def sampling_differs(facts: Facts) -> Diagnosis | None:
 
 
 def logits_precision(facts: Facts) -> Diagnosis | None:
-    """The modules agree (nothing steps up); the two engines' logits are computed in other dtypes (the rollout's
-    ``head_dtype``, the training forward's observed ``logits_dtype``, engine.jsonl): msprobe compares no logits
-    under verl, so the recorded dtypes say it."""
+    """The modules agree (nothing steps up) in one dtype; the two engines' logits are computed in other dtypes (the
+    rollout's ``head_dtype``, the training forward's observed ``logits_dtype``, engine.jsonl): msprobe compares no
+    logits under verl, so the recorded dtypes say it."""
     rollout = (facts.evidence.rollout.numerics or {}).get("head_dtype")
     training = (facts.evidence.training.numerics or {}).get("logits_dtype")
     if rollout is None or training is None or rollout == training or facts.stepped or facts.routed:
         return None
+    dtypes = facts.dtypes
+    if dtypes is not None and dtypes[0] != dtypes[1]:
+        return None  # the whole model runs in other dtypes, the logits with it: model_precision's
     return Diagnosis(
         Cause.PRECISION,
         DiagnosisPath.AFTER_LOGITS,

@@ -132,6 +132,8 @@ def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(launched: La
     metrics = launched.run.metrics()
     assert sorted(metrics) == list(range(1, STEPS + 1)), launched.printed
     assert all(step["actor/grad_norm"] > 0 for step in metrics.values())  # the reward gives non-zero advantages
+    log = launched.run.log.read_text(errors="replace")
+    assert "msprobe-hooks preflight: verl config: no findings" in log  # the recipe's overrides satisfy it
     # Both sides dumped every global step: the actor's log-prob pass (one prompt-only dump per sample) ...
     lines = launched.train_log()
     assert len(lines) == STEPS

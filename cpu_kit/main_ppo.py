@@ -7,7 +7,8 @@
 path accepts, a parquet of four prompts) and runs verl's trainer, unchanged, in its own process group:
 Ray, the v1 trainer and TransferQueue (``--legacy``: ``RayPPOTrainer.fit``), the agent loop, vLLM CPU as
 an async rollout server in a Ray actor, the FSDP2 actor, the weight sync after every step. verl's
-console goes to ``WORK/main_ppo.log``, its metrics (the file logger) to ``WORK/metrics.jsonl``.
+console goes to ``WORK/main_ppo.log``, its metrics (the file logger) to ``WORK/metrics.jsonl``, the exit status and
+wall time to ``WORK/run.json`` (:meth:`Run.of`).
 
 What makes it run on a CPU: the plugin :mod:`cpu_kit.verl_main_ppo_cpu` (``VERL_USE_EXTERNAL_MODULES``),
 the variables of :func:`environment` and the overrides of :func:`overrides`. The overrides start with
@@ -191,6 +192,11 @@ class Run:
     timed_out: bool
     wall_s: float
 
+    @classmethod
+    def of(cls, work: Path) -> Run:
+        """The run :func:`run` made in ``work`` (its ``run.json``)."""
+        return cls(work=work, **json.loads((work / "run.json").read_text()))
+
     @property
     def log(self) -> Path:
         return self.work / "main_ppo.log"
@@ -241,7 +247,11 @@ def run(
     finally:
         shutil.rmtree(ray_temp, ignore_errors=True)
         shutil.rmtree(rpc_dir, ignore_errors=True)
-    return Run(work, process.returncode, timed_out, time.perf_counter() - began)
+    done = Run(work, process.returncode, timed_out, time.perf_counter() - began)
+    (work / "run.json").write_text(
+        json.dumps({"returncode": done.returncode, "timed_out": timed_out, "wall_s": done.wall_s})
+    )
+    return done
 
 
 def main(argv: Sequence[str] | None = None) -> int:

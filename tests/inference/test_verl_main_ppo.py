@@ -31,7 +31,7 @@ from support.interpreter import shim_env
 from support.rl_loop import FP32_GAP
 from support.vllm_standin import read_log
 
-from cpu_kit.main_ppo import PROMPTS, TIMEOUT_S
+from cpu_kit.main_ppo import TIMEOUT_S
 from cpu_kit.main_ppo import Run as MainPpoRun
 from msprobe_hooks.analysis.results import Verdict
 from msprobe_hooks.cli import main
@@ -86,12 +86,13 @@ def launch(trainer: str, work: Path, *args: str) -> Launch:
         command.append("--legacy")
     # The launcher kills main_ppo's process group at TIMEOUT_S; this bound is for the launcher itself.
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120)
-    run = MainPpoRun(work, done.returncode, "timed out" in done.stdout, 0.0)
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:] + "\n" + tail(run.log)
-    return Launch(trainer, run, done.stdout)
+    log = tail(work / "main_ppo.log")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:] + "\n" + log
+    return Launch(trainer, MainPpoRun.of(work), done.stdout)
 
 
 def tail(path: Path, lines: int = 60) -> str:
+    """The end of verl's log, where a failed run says why."""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
@@ -176,7 +177,6 @@ def test_the_gap_log_is_verls_own_rollout_probs_diff(launched: Launch) -> None:
         ours = metrics[step]
         assert math.isclose(gap["probs_diff_max"], ours["training/rollout_probs_diff_max"], abs_tol=SAME_VALUE)
         assert math.isclose(gap["probs_diff_mean"], ours["training/rollout_probs_diff_mean"], abs_tol=SAME_VALUE)
-    assert len(PROMPTS) >= STEPS  # one new prompt a step
 
 
 def test_the_healthy_runs_gap_is_fp32_noise(healthy: Launch) -> None:

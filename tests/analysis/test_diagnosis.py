@@ -18,6 +18,7 @@ from msprobe_hooks.cli import main
 
 GOLDEN = golden.GOLDEN
 VERDICT, MOE, MEGATRON = GOLDEN / "verdict", GOLDEN / "moe", GOLDEN / "megatron"
+MAIN_PPO_BF16 = GOLDEN / "main_ppo_bf16"
 RECORD_KEYS = ["cause", "path", "module", "global_step", "evidence", "sentence"]
 
 
@@ -43,6 +44,14 @@ def test_fp32_training_against_bf16_vllm_is_the_models_precision(tmp_path):
     assert (found.cause, found.path, found.module) == (Cause.PRECISION, None, None)
     assert found.evidence[0] == "model dtype float32 (training) vs bfloat16 (rollout) on 100% of the compared rows"
     assert found.evidence[1].startswith("every error within the bfloat16 floor: largest 0.0113")
+
+
+def test_bf16_training_against_fp32_vllm_under_main_ppo_is_the_models_precision_not_the_logits(tmp_path):
+    """verl's own main_ppo asked for fp32 (model_dtype) but left FSDP's mixed precision at its default, a bf16
+    forward, against vLLM in fp32: every compared row differs in dtype, the logits among them. The whole model's."""
+    found = compared(tmp_path, MAIN_PPO_BF16 / "actor", MAIN_PPO_BF16 / "generate").answer.diagnosis
+    assert (found.cause, found.path, found.module) == (Cause.PRECISION, None, None)
+    assert found.evidence[0] == "model dtype bfloat16 (training) vs float32 (rollout) on 100% of the compared rows"
 
 
 def test_bf16_on_both_sides_is_noise_and_names_no_module(tmp_path):

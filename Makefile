@@ -146,7 +146,7 @@ test: install install-megatron install-vllm install-verl-e2e install-sglang verl
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The in-process tier (markers in pyproject.toml): no engine, no fresh interpreter; analysis on tests/golden.
 test-fast: install

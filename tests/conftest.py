@@ -1,8 +1,10 @@
 """Fixtures and hooks only; the helpers the tests share are in ``tests/support/``.
 
 ``make test`` runs the suite in two pytest-xdist workers, a file to a worker (``--dist loadfile``: a module's
-engine runs are made once). The files that run engines are handed out first, so that the in-process tests fill
-the end of the run; a test marked ``alone`` (the real-size model) runs with no other engine test beside it.
+engine runs are made once; ``--no-loadscope-reorder``, else xdist hands out the files with the most tests first and
+the longest engine files end the run on one worker). The files are handed out longest first: the measured longest
+(``LONGEST_FIRST``), the other engine files, the fresh-interpreter ones, then the in-process tests filling the end
+of the run; a test marked ``alone`` (the real-size model) runs with no other engine test beside it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,41 @@ from faults import fault_matrix
 ENGINE_LOCK = Path(tempfile.gettempdir()) / "msprobe-hooks-tests-engines.lock"
 
 
+# The longest files of make test, longest first (pytest --durations=0 in a fresh clone, summed per file; list one
+# here when it takes minutes): two workers end together when the longest start first.
+LONGEST_FIRST = (
+    "inference/test_real_rl_loop.py",
+    "inference/test_verl_main_ppo.py",
+    "inference/test_real_causes.py",
+    "analysis/test_compare.py",
+    "inference/test_real_vllm.py",
+    "faults/test_vllm_and_analysis.py",
+    "analysis/test_compare_moe.py",
+    "faults/test_verl_engine.py",
+    "training/test_verl_fsdp_engine.py",
+    "training/test_real_megatron.py",
+    "analysis/test_compare_sglang.py",
+    "analysis/test_tp_real.py",
+    "inference/test_real_sglang.py",
+    "training/test_trainer_patches_under_shim.py",
+)
+TESTS = Path(__file__).parent
+
+
 @pytest.hookimpl(trylast=True)  # after tests/faults/conftest.py marks its files
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that run an engine first (in collection order), then the others: a stable sort by file."""
+    """A stable sort by file: LONGEST_FIRST in its order, the other engine files, the fresh-interpreter files, the
+    in-process ones (each group in collection order)."""
     engine_files = {item.path for item in items if item.get_closest_marker("engine")}
-    items.sort(key=lambda item: item.path not in engine_files)
+    interpreter_files = {item.path for item in items if item.get_closest_marker("interpreter")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.relative_to(TESTS).as_posix()
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (1 if item.path in engine_files else 2 if item.path in interpreter_files else 3), 0
+
+    items.sort(key=rank)
 
 
 @pytest.hookimpl(wrapper=True)

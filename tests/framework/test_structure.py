@@ -189,3 +189,14 @@ def test_the_stage_check_finds_a_comparing_module_importing_the_report():
     assert stage_violations({f"{ANALYSIS}.results": {f"{ANALYSIS}.pairing.pairs"}}) == [
         f"{ANALYSIS}.results -> {ANALYSIS}.pairing.pairs"
     ]
+
+
+def test_the_longest_files_make_test_starts_first_exist_and_run_an_engine_or_interpreter():
+    """A renamed or retired file left in ``conftest.LONGEST_FIRST`` would silently start last again. (The fault
+    suite's files are marked by tests/faults/conftest.py.)"""
+    from conftest import LONGEST_FIRST, TESTS
+
+    for name in LONGEST_FIRST:
+        text = (TESTS / name).read_text()
+        marked = "pytest.mark.engine" in text or "pytest.mark.interpreter" in text or name.startswith("faults/")
+        assert marked, name

@@ -1,9 +1,11 @@
-"""verl's own trainer, ``python3 -m verl.trainer.main_ppo``, end to end on CPU with the hooks on from the environment.
+"""``make demo-main-ppo`` (``examples/demo_main_ppo.sh``) as the Makefile runs it: verl's own ``python3 -m
+verl.trainer.main_ppo``, end to end on CPU with the hooks on from the environment.
 
 Two runs of two global steps, launched by :mod:`cpu_kit.main_ppo` in ``.venv-verl-e2e`` (``make install-verl-e2e``):
 Ray, the agent loop, vLLM CPU as an async rollout server, the FSDP2 actor, the weight sync after every step. The
 hooks come from the environment only: the shim first on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1``, the msprobe configs
-of both sides; verl's own preflight passes on the recipe's overrides the launcher starts with.
+of both sides; verl's own preflight passes on the recipe's overrides the launcher starts with. Each run is then
+aligned and compared by the script, as a user does.
 
 * ``healthy``: the v1 trainer (TransferQueue), fp32 on both sides. ``align`` pairs every sample with its prefill,
   ``compare`` finds no divergence at any step and names no cause.
@@ -27,21 +29,19 @@ from pathlib import Path
 import pandas
 import pytest
 from support import REPO
-from support.interpreter import shim_env
+from support.interpreter import clean_env
 from support.rl_loop import FP32_GAP
 from support.vllm_standin import read_log
 
 from cpu_kit.main_ppo import TIMEOUT_S
 from cpu_kit.main_ppo import Run as MainPpoRun
 from msprobe_hooks.analysis.results import Verdict
-from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.engine  # runs the real engines (make test-fast leaves it out)
 
 VERL_E2E_PYTHON = REPO / ".venv-verl-e2e" / "bin" / "python"
 MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
 STEPS = 2
-MIXED_PRECISION = "actor_rollout_ref.actor.fsdp_config.mixed_precision"  # the kit sets it to fp32; ~ deletes it
 # The legacy trainer stamps no step on the log-prob pass's batch: its per-sample `global_steps` is the rollout's
 # (llm_server.py: the version of the weights that generated it, the step before). The hooks record that one.
 LEGACY_GLOBAL_STEP = "legacy trainer: the hooks record the rollout weights' version (verl's step - 1) as global_step"
@@ -53,7 +53,7 @@ SAME_VALUE = 1e-6
 class Launch:
     trainer: str  # "v1" or "legacy"
     run: MainPpoRun
-    printed: str  # what the launcher printed
+    printed: str  # what the demo printed
 
     @property
     def dumps(self) -> Path:
@@ -72,40 +72,28 @@ class Launch:
         return read_log(path)
 
 
-def launch(trainer: str, work: Path, *args: str) -> Launch:
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``examples/demo_main_ppo.sh`` as the Makefile runs it: its output folder and what it printed."""
     assert VERL_E2E_PYTHON.exists(), f"{VERL_E2E_PYTHON} is missing: build it with `make install-verl-e2e`"
-    env = shim_env(
-        DUMP_ON="1",
-        PROMPTS_ONLY="1",
-        MSPROBE_HOOKS_OUTPUT_DIR=str(work / "dumps"),
-        MSPROBE_ACTOR_CONFIG=str(MSPROBE_CONFIG),
-        MSPROBE_GENERATE_CONFIG=str(MSPROBE_CONFIG),
-    )
-    command = [str(VERL_E2E_PYTHON), "-m", "cpu_kit.main_ppo", str(work), "--steps", str(STEPS), *args]
-    if trainer == "legacy":
-        command.append("--legacy")
-    # The launcher kills main_ppo's process group at TIMEOUT_S; this bound is for the launcher itself.
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S + 120)
-    log = tail(work / "main_ppo.log")
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:] + "\n" + log
-    return Launch(trainer, MainPpoRun.of(work), done.stdout)
-
-
-def tail(path: Path, lines: int = 60) -> str:
-    """The end of verl's log, where a failed run says why."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+    out = tmp_path_factory.mktemp("main-ppo") / "out"
+    command = ["bash", str(REPO / "examples" / "demo_main_ppo.sh"), str(VERL_E2E_PYTHON.parent), str(out)]
+    # Each run's launcher kills main_ppo's process group at TIMEOUT_S; this bound is for the script itself.
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=2 * (TIMEOUT_S + 120))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, done.stdout
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory) -> Launch:
+def healthy(demo) -> Launch:
     """The v1 trainer, the same weights on both sides, fp32 both."""
-    return launch("v1", tmp_path_factory.mktemp("main-ppo-healthy"))
+    return Launch("v1", MainPpoRun.of(demo[0] / "healthy"), demo[1])
 
 
 @pytest.fixture(scope="module")
-def bf16(tmp_path_factory) -> Launch:
+def bf16(demo) -> Launch:
     """The legacy trainer, its FSDP mixed precision at verl's default (a bf16 forward), vLLM in fp32."""
-    return launch("legacy", tmp_path_factory.mktemp("main-ppo-bf16"), f"~{MIXED_PRECISION}")
+    return Launch("legacy", MainPpoRun.of(demo[0] / "bf16"), demo[1])
 
 
 @pytest.fixture(scope="module", params=["healthy", "bf16"])
@@ -114,19 +102,16 @@ def launched(request) -> Launch:
 
 
 def analysed(run: Launch) -> tuple[pandas.DataFrame, str, dict]:
-    """``align`` + ``compare`` on the run's dumps, as a user runs them: pairs.csv, compare's output, the diagnosis."""
-    out = run.run.work / "analysis"
-    pairs_file, folder = out / "pairs.jsonl", out / "report"
-    assert main(["align", str(run.dumps / "actor"), str(run.dumps / "generate"), "-o", str(pairs_file)]) == 0
-    done = subprocess.run(
-        [str(VERL_E2E_PYTHON), "-m", "msprobe_hooks", "compare", str(pairs_file), "-o", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    """What the demo's ``align`` + ``compare`` wrote for the run: pairs.csv, compare's cause line, the diagnosis."""
+    folder = run.run.work / "report"
     diagnosis = json.loads((folder / "diagnosis.json").read_text())
-    return pandas.read_csv(folder / "pairs.csv", keep_default_na=False), done.stdout, diagnosis
+    cause = (folder / "summary.md").read_text().splitlines()[0]
+    return pandas.read_csv(folder / "pairs.csv", keep_default_na=False), cause, diagnosis
+
+
+def test_the_demo_answers_each_run_in_one_line(demo) -> None:
+    causes = [line.split(":", 2)[1] for line in demo[1].splitlines() if line.startswith("cause: ")]
+    assert causes == [" none", " precision"], demo[1][-3000:]
 
 
 def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(launched: Launch) -> None:
@@ -153,18 +138,19 @@ def test_the_training_log_names_verls_global_step(launched: Launch, request) -> 
 
 
 def test_align_pairs_every_sample_and_compare_finds_no_divergence_on_the_healthy_run(healthy: Launch) -> None:
-    pairs, printed, diagnosis = analysed(healthy)
+    pairs, cause, diagnosis = analysed(healthy)
     assert len(pairs) == STEPS and set(pairs["kind"]) == {"prefill"}
     assert sorted(pairs["global_step"]) == [line["global_step"] for line in healthy.train_log()]
-    assert set(pairs["verdict"]) == {Verdict.NO_DIVERGENCE.value}, printed
-    assert f"run: no global step diverges ({STEPS} steps compared)" in printed
-    assert diagnosis["cause"] == "none", printed
+    assert set(pairs["verdict"]) == {Verdict.NO_DIVERGENCE.value}, cause
+    summary = (healthy.run.work / "report" / "summary.md").read_text()
+    assert f"run: no global step diverges ({STEPS} steps compared)" in summary
+    assert diagnosis["cause"] == "none", cause
 
 
 def test_a_bf16_forward_under_model_dtype_fp32_is_named_the_models_precision(bf16: Launch) -> None:
-    pairs, printed, diagnosis = analysed(bf16)
+    pairs, cause, diagnosis = analysed(bf16)
     assert len(pairs) == STEPS and set(pairs["kind"]) == {"prefill"}  # every sample paired with its prefill
-    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("precision", None, None), printed
+    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("precision", None, None), cause
     whole_model = "model dtype bfloat16 (training) vs float32 (rollout) on 100% of the compared rows"
     assert diagnosis["evidence"][0] == whole_model
     assert min(gap["max"] for gap in bf16.gap_log()) > 100 * FP32_GAP  # the symptom the cause is given for

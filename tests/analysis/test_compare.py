@@ -2,8 +2,8 @@
 
 The dumps come from the real engines (``tests/support/compare_runs.py``), each run once per module:
 level L0 statistics on the same weights and on a copy with ``layers.1.mlp.down_proj`` x1.05 on
-the inference side, level mix statistics, level L0 tensor. Each test compares through the CLI,
-as a user does, and reads the report it wrote.
+the inference side, and level mix at task tensor (module and API rows, tensors compared). Each test compares
+through the CLI, as a user does, and reads the report it wrote.
 """
 
 from __future__ import annotations
@@ -172,9 +172,14 @@ def test_fsdp1_and_megatron_names_map_like_fsdp2(l0, tmp_path):
     )
 
 
-def test_mix_level_api_rows_stay_out_of_the_verdict(setup, tmp_path):
-    pairs_file, _ = _pairs(setup, "mix", "statistics", "mix")
-    done, results, rows = run_compare(pairs_file, tmp_path / "report")
+@pytest.fixture(scope="module")
+def mix_tensor(setup):
+    """Level mix (module and API rows) at task tensor: one run for the two tests below."""
+    return _pairs(setup, "mix-tensor", "tensor", "mix")[0]
+
+
+def test_mix_level_api_rows_stay_out_of_the_verdict(mix_tensor, tmp_path):
+    done, results, rows = run_compare(mix_tensor, tmp_path / "report")
     assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
     assert list(results["compared"]) == [COMPARED_PER_PAIR] * 4
     train_api, generate_api = (int(n) for n in results.iloc[0]["api_rows"].split("/"))
@@ -183,9 +188,8 @@ def test_mix_level_api_rows_stay_out_of_the_verdict(setup, tmp_path):
     assert not names_seen.str.startswith(names.API_PREFIXES).any()
 
 
-def test_tensor_mode_compares_tensors(setup, tmp_path):
-    pairs_file, _ = _pairs(setup, "tensor", "tensor", "L0")
-    _, results, rows = run_compare(pairs_file, tmp_path / "report")
+def test_tensor_mode_compares_tensors(mix_tensor, tmp_path):
+    _, results, rows = run_compare(mix_tensor, tmp_path / "report")
     assert list(results["mode"]) == ["tensor"] * 4
     assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE] * 4
     compared = rows[rows["status"] == Status.COMPARED]

@@ -11,23 +11,23 @@ top level).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import current_rank
-from msprobe_hooks.inference.evidence import read_settings, report_unread, request_line
+from msprobe_hooks.inference.evidence import (
+    kv_cache_dtype_name,
+    model_configuration,
+    read_settings,
+    report_unread,
+    request_line,
+    rope_bases,
+    sampling_values,
+    setting_text,
+)
 from msprobe_hooks.join_keys import ENGINE_LOG, clock
 from msprobe_hooks.jsonl import current_pid
-from msprobe_hooks.numerics import (
-    GENERATE_SIDE,
-    ROPE_FROM_CONFIG,
-    ROPE_FROM_MODULE,
-    SAMPLING_KEYS,
-    config_fields,
-    config_fingerprint,
-    dtype_name,
-    engine_record,
-)
+from msprobe_hooks.numerics import GENERATE_SIDE, dtype_name, engine_record
 from msprobe_hooks.patches.vllm.batch import not_eager
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
@@ -37,7 +37,7 @@ def describe_engine(state: VllmRunner, runner: Any) -> None:
     state.described = (getattr(runner, "model", None), runner.model_config)  # once, even if reading fails
     model = runner.get_model()
     failures: list[str] = []
-    fields, fingerprint = model_configuration(runner, model, failures)
+    fields, fingerprint = _model_configuration(runner, model, failures)
     record = engine_record(
         side=GENERATE_SIDE,
         engine=state.engine,
@@ -71,7 +71,7 @@ def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
     return read_settings(
         {
             "model_dtype": lambda: dtype_name(model_config.dtype),
-            "kv_cache_dtype": lambda: _kv_cache_dtype(cache.cache_dtype, model_config.dtype),
+            "kv_cache_dtype": lambda: kv_cache_dtype_name(cache.cache_dtype, model_config.dtype),
             "head_dtype": lambda: dtype_name(_head_dtype(model, model_config)),
             "attention_backend": lambda: _attention_backends(runner),
             "tensor_parallel": lambda: parallel.tensor_parallel_size,
@@ -84,50 +84,30 @@ def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
             "chunked_prefill": lambda: bool(runner.scheduler_config.enable_chunked_prefill),
             "eager": lambda: not_eager(runner) is None,
             "quantization": lambda: model_config.quantization,
-            "logprobs_mode": lambda: _text(model_config.logprobs_mode),
+            "logprobs_mode": lambda: setting_text(model_config.logprobs_mode),
             "max_model_len": lambda: model_config.max_model_len,
         },
         failures,
     )
 
 
-def model_configuration(runner: Any, model: Any, failures: list[str]) -> tuple[dict[str, Any], str | None]:
+def _model_configuration(runner: Any, model: Any, failures: list[str]) -> tuple[dict[str, Any], str | None]:
     """The effective model configuration's numerics fields (``hf_text_config``, after ``hf_overrides``), the rope
     theta the rotary modules use, and the fingerprint of the whole ``hf_config``."""
     values = read_settings(
         {
             "hf_config": lambda: runner.model_config.hf_config.to_dict(),
             "hf_text_config": lambda: runner.model_config.hf_text_config.to_dict(),
-            "rotary modules": lambda: _rope_bases(model),
+            "rotary modules": lambda: rope_bases(model),
         },
         failures,
     )
-    whole, bases = values["hf_config"], values["rotary modules"]
-    text = values["hf_text_config"] or whole
-    fields = config_fields(text) if isinstance(text, Mapping) else {}
-    if bases:  # what the model computes with, whatever the config object says
-        fields["rope_theta"] = bases[0] if len(bases) == 1 else bases
-        fields["rope_theta_source"] = ROPE_FROM_MODULE
-    elif fields.get("rope_theta") is not None:
-        fields["rope_theta_source"] = ROPE_FROM_CONFIG
-    return fields, config_fingerprint(whole) if isinstance(whole, Mapping) else None
+    return model_configuration(values["hf_config"], values["hf_text_config"], values["rotary modules"])
 
 
 def sampling(params: Any) -> dict[str, Any] | None:
     """A request's sampling parameters by :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` (None: a pooling request)."""
-    if params is None:
-        return None
-    return {key: getattr(params, key, None) for key in SAMPLING_KEYS}
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(getattr(value, "value", value))  # a str or an Enum of str
-
-
-def _kv_cache_dtype(cache_dtype: Any, model_dtype: Any) -> str | None:
-    """vLLM's cache dtype name ("fp8_e4m3": the torch storage is uint8, so its name says more); "auto" is the
-    model's dtype."""
-    return dtype_name(model_dtype) if cache_dtype in (None, "auto") else _text(cache_dtype)
+    return None if params is None else sampling_values(params)
 
 
 def _head_dtype(model: Any, model_config: Any) -> Any:
@@ -151,16 +131,3 @@ def _attention_backends(runner: Any) -> str | None:
             if name not in names:
                 names.append(name)
     return ", ".join(names) or None
-
-
-def _rope_bases(model: Any) -> list[float]:
-    """The distinct bases of the model's rotary modules (vLLM's ``RotaryEmbedding*``: ``base`` and ``rotary_dim``),
-    in module order."""
-    bases: list[float] = []
-    for module in model.modules():
-        base = getattr(module, "base", None)
-        if not isinstance(base, (int, float)) or isinstance(base, bool) or not hasattr(module, "rotary_dim"):
-            continue
-        if float(base) not in bases:
-            bases.append(float(base))
-    return bases

@@ -1,0 +1,135 @@
+"""What an SGLang runner effectively runs and each new request asked for: the values of engine.jsonl and requests.jsonl.
+
+The files and their shape are :mod:`msprobe_hooks.inference.evidence`'s, as vLLM's runners write them
+(:mod:`msprobe_hooks.patches.vllm.evidence`).
+
+The engine line is read once per runner, at the end of ``ModelRunner.__init__`` (the model is loaded by then), from
+the runner (``model_config``, ``dtype``, parallel sizes), its ``server_args`` as resolved, the loaded model (its
+logits processor's ``use_fp32_lm_head``, its rotary modules' bases) and the sampler's switch for what log-probs are
+returned. A request's line is made when a batch first holds it (:func:`request_line_of`, from
+:mod:`.forward_batch`), from its ``Req``: ``sampling_params``, ``return_logprob`` / ``top_logprobs_num``,
+``origin_input_ids``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from msprobe_hooks.inference.dispatch_log import current_rank
+from msprobe_hooks.inference.evidence import (
+    kv_cache_dtype_name,
+    model_configuration,
+    read_settings,
+    report_unread,
+    request_line,
+    rope_bases,
+    sampling_values,
+)
+from msprobe_hooks.join_keys import ENGINE_LOG, clock
+from msprobe_hooks.jsonl import current_pid
+from msprobe_hooks.numerics import (
+    GENERATE_SIDE,
+    RAW_LOGPROBS,
+    TEMPERATURE_SCALED_LOGPROBS,
+    dtype_name,
+    engine_record,
+)
+
+# Where SGLang's sampler reads, once at import, whether it returns the log-probs of the raw logits
+# (SGLANG_RETURN_ORIGINAL_LOGPROB=1) instead of its default, log_softmax(logits / temperature).
+_SAMPLER = "sglang.srt.layers.sampler"
+_RETURNS_RAW = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
+
+def describe_engine(state: Any, runner: Any) -> None:
+    """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model
+    (``state``: the runner's :class:`~.model_runner.SglangRunner`)."""
+    failures: list[str] = []
+    model = runner.model
+    values = read_settings(
+        {
+            "hf_config": lambda: runner.model_config.hf_config.to_dict(),
+            "hf_text_config": lambda: runner.model_config.hf_text_config.to_dict(),
+            "rotary modules": lambda: rope_bases(model),
+        },
+        failures,
+    )
+    fields, fingerprint = model_configuration(values["hf_config"], values["hf_text_config"], values["rotary modules"])
+    record = engine_record(
+        side=GENERATE_SIDE,
+        engine=state.engine,
+        version=state.engine_version,
+        pid=current_pid(),
+        rank=current_rank(),
+        time=clock(),
+        numerics=numerics(runner, model, failures),
+        model_config=fields,
+        fingerprint=fingerprint,
+    )
+    state.evidence.write_engine(record)
+    report_unread(ENGINE_LOG, failures)
+
+
+def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
+    """The ``numerics`` values of a runner whose model is loaded (failures named in ``failures``)."""
+    model_config = runner.model_config
+    args = runner.server_args
+    return read_settings(
+        {
+            "model_dtype": lambda: dtype_name(model_config.dtype),
+            # "auto" resolves to the model's dtype, as vLLM's does
+            "kv_cache_dtype": lambda: kv_cache_dtype_name(args.kv_cache_dtype, model_config.dtype),
+            "head_dtype": lambda: head_dtype(model, model_config),
+            "attention_backend": lambda: args.attention_backend,
+            "tensor_parallel": lambda: runner.tp_size,
+            "pipeline_parallel": lambda: runner.pp_size,
+            "expert_parallel": lambda: runner.moe_ep_size,
+            "prefix_caching": lambda: not args.disable_radix_cache,
+            "chunked_prefill": lambda: args.chunked_prefill_size is not None and args.chunked_prefill_size > 0,
+            "eager": lambda: eager(args),
+            "quantization": lambda: model_config.quantization,
+            "logprobs_mode": logprobs_mode,
+            "max_model_len": lambda: model_config.context_len,
+        },
+        failures,
+    )
+
+
+def head_dtype(model: Any, model_config: Any) -> str | None:
+    """The dtype the logits are computed in: float32 when the logits processor says it uses an fp32 lm_head
+    (``--enable-fp32-lm-head``, or a model config's ``enable_lm_head_fp32``), else the model's."""
+    return "float32" if model.logits_processor.use_fp32_lm_head else dtype_name(model_config.dtype)
+
+
+def eager(server_args: Any) -> bool:
+    """Whether every forward runs eagerly: no CUDA graph (whole or piecewise, as each release spells its switch)
+    and no torch.compile."""
+    piecewise = getattr(server_args, "enable_piecewise_cuda_graph", False) or not getattr(
+        server_args, "disable_piecewise_cuda_graph", True
+    )
+    return bool(server_args.disable_cuda_graph) and not piecewise and not server_args.enable_torch_compile
+
+
+def logprobs_mode() -> str:
+    """What SGLang's returned log-probs are of, as its sampler decides: the raw logits' with
+    ``SGLANG_RETURN_ORIGINAL_LOGPROB``, else (its default) the temperature-scaled logits', before top-k / top-p /
+    min-p (the sampler filters a copy of the probabilities)."""
+    return RAW_LOGPROBS if getattr(importlib.import_module(_SAMPLER), _RETURNS_RAW) else TEMPERATURE_SCALED_LOGPROBS
+
+
+def request_line_of(req: Any) -> str:
+    """A ``requests.jsonl`` line of an SGLang ``Req`` (SGLang keeps the client's id as is: the base id is the id)."""
+    rid = str(req.rid)
+    params = req.sampling_params
+    asked = getattr(req, "return_logprob", False)
+    return request_line(
+        rid,
+        rid,
+        sampling_values(
+            params,
+            logprobs=getattr(req, "top_logprobs_num", None) if asked else None,
+            seed=getattr(params, "sampling_seed", None),
+        ),
+        req.origin_input_ids,
+    )

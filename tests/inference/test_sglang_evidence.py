@@ -85,6 +85,11 @@ def server_args(**changes: object) -> SimpleNamespace:
     return SimpleNamespace(**{**fields, **changes})
 
 
+def graphs(**backends: str) -> SimpleNamespace:
+    """A resolved CudaGraphConfig: each phase's backend."""
+    return SimpleNamespace(**{phase: SimpleNamespace(backend=backend) for phase, backend in backends.items()})
+
+
 def runner_class(model: nn.Module, args: SimpleNamespace, model_config: SimpleNamespace | None = None) -> type:
     """A ModelRunner whose ``__init__`` loads ``model``, as SGLang's does, patched by the real patch."""
 
@@ -227,6 +232,9 @@ def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, sampler, warn
         ),
         ({"disable_piecewise_cuda_graph": False}, False, {"eager": False}),  # piecewise graphs (0.5.10+)
         ({"enable_torch_compile": True}, False, {"eager": False}),
+        # 0.5.21's resolved per-phase graphs say it, whatever the legacy switch
+        ({"cuda_graph_config": graphs(decode="full", prefill="disabled")}, False, {"eager": False}),
+        ({"cuda_graph_config": graphs(decode="disabled", prefill="disabled")}, False, {"eager": True}),
         ({"chunked_prefill_size": None}, False, {"chunked_prefill": False}),
     ],
 )

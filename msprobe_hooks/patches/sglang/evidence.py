@@ -14,6 +14,7 @@ returned. A request's line is made when a batch first holds it (:func:`request_l
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import current_rank
@@ -74,20 +75,20 @@ def describe_engine(state: Any, runner: Any) -> None:
 def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
     """The ``numerics`` values of a runner whose model is loaded (failures named in ``failures``)."""
     model_config = runner.model_config
-    args = runner.server_args
+    arg = resolved_arg_reader(runner.server_args)
     return read_settings(
         {
             "model_dtype": lambda: dtype_name(model_config.dtype),
             # "auto" resolves to the model's dtype, as vLLM's does
-            "kv_cache_dtype": lambda: kv_cache_dtype_name(args.kv_cache_dtype, model_config.dtype),
+            "kv_cache_dtype": lambda: kv_cache_dtype_name(arg("kv_cache_dtype"), model_config.dtype),
             "head_dtype": lambda: head_dtype(model, model_config),
-            "attention_backend": lambda: args.attention_backend,
+            "attention_backend": lambda: arg("attention_backend"),
             "tensor_parallel": lambda: runner.tp_size,
             "pipeline_parallel": lambda: runner.pp_size,
             "expert_parallel": lambda: runner.moe_ep_size,
-            "prefix_caching": lambda: not args.disable_radix_cache,
-            "chunked_prefill": lambda: args.chunked_prefill_size is not None and args.chunked_prefill_size > 0,
-            "eager": lambda: eager(args),
+            "prefix_caching": lambda: not arg("disable_radix_cache"),
+            "chunked_prefill": lambda: (arg("chunked_prefill_size") or 0) > 0,  # -1 or None: off
+            "eager": lambda: eager(arg),
             "quantization": lambda: model_config.quantization,
             "logprobs_mode": logprobs_mode,
             "max_model_len": lambda: model_config.context_len,
@@ -96,19 +97,51 @@ def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
     )
 
 
+def resolved_arg_reader(server_args: Any) -> Callable[[str], Any]:
+    """How to read a ServerArgs field as the engine resolved it: SGLang releases whose ServerArgs keeps raw input and
+    resolution apart (0.5.21's ``arg_groups``) answer through their own ``resolution_result``; older ones resolve in
+    place, so the attribute is the value (a field the release lacks: ``AttributeError``)."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolution_result
+    except ImportError:
+        return lambda field: getattr(server_args, field)
+
+    def read(field: str) -> Any:
+        getattr(server_args, field)  # a field this release lacks reads as absent, not as its fallback
+        return resolution_result(server_args, field)
+
+    return read
+
+
 def head_dtype(model: Any, model_config: Any) -> str | None:
     """The dtype the logits are computed in: float32 when the logits processor says it uses an fp32 lm_head
     (``--enable-fp32-lm-head``, or a model config's ``enable_lm_head_fp32``), else the model's."""
     return "float32" if model.logits_processor.use_fp32_lm_head else dtype_name(model_config.dtype)
 
 
-def eager(server_args: Any) -> bool:
-    """Whether every forward runs eagerly: no CUDA graph (whole or piecewise, as each release spells its switch)
-    and no torch.compile."""
-    piecewise = getattr(server_args, "enable_piecewise_cuda_graph", False) or not getattr(
-        server_args, "disable_piecewise_cuda_graph", True
-    )
-    return bool(server_args.disable_cuda_graph) and not piecewise and not server_args.enable_torch_compile
+def eager(arg: Callable[[str], Any]) -> bool:
+    """Whether every forward runs eagerly: no CUDA graph in any phase and no torch.compile. Releases with a
+    resolved per-phase ``cuda_graph_config`` say it there (every phase's backend "disabled"); older ones by
+    ``disable_cuda_graph`` and their piecewise switch, as each spells it."""
+    try:
+        graphs = arg("cuda_graph_config")
+    except AttributeError:
+        graphs = None
+    if graphs is not None:
+        graph_off = all(getattr(graphs, phase).backend == "disabled" for phase in ("decode", "prefill"))
+    else:
+        piecewise = _optional(arg, "enable_piecewise_cuda_graph", False) or not _optional(
+            arg, "disable_piecewise_cuda_graph", True
+        )
+        graph_off = bool(arg("disable_cuda_graph")) and not piecewise
+    return graph_off and not arg("enable_torch_compile")
+
+
+def _optional(arg: Callable[[str], Any], field: str, absent: Any) -> Any:
+    try:
+        return arg(field)
+    except AttributeError:
+        return absent
 
 
 def logprobs_mode() -> str:

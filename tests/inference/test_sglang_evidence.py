@@ -32,6 +32,7 @@ from msprobe_hooks.log import NAME as LOGGER
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint
 from msprobe_hooks.patches.sglang import forward_batch as sglang_forward_batch
 from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
+from msprobe_hooks.patches.sglang.evidence import describe_engine
 
 CHECKPOINT = {
     "_name_or_path": "/models/qwen",
@@ -263,6 +264,19 @@ def test_a_setting_unread_gives_null_and_one_log_line_never_an_exception(tmp_pat
     assert line["numerics"]["model_dtype"] == "bfloat16"  # the rest is still read
     (warned,) = warnings()
     assert warned == f"{ENGINE_LOG}: could not read kv_cache_dtype (RuntimeError: unresolved); written as null"
+
+
+def test_a_runner_with_few_of_the_settings_writes_nulls_without_a_word(tmp_path, monkeypatch, warnings):
+    """A release (or the stand-ins) with no model_config, no such ServerArgs fields, no sampler module loaded."""
+    monkeypatch.delitem(sys.modules, "sglang.srt.layers.sampler", raising=False)
+    engine = Engine(tmp_path, nn.Linear(2, 2), SimpleNamespace(), sglang_config())
+    del engine.runner.model_config, engine.runner.moe_ep_size
+    describe_engine(engine.runner._msprobe_hooks_runner, engine.runner)  # described again, without them
+    first, bare = read(tmp_path, ENGINE_LOG)
+    assert first["numerics"]["logprobs_mode"] is None
+    assert bare["numerics"] == {**dict.fromkeys(NUMERICS_KEYS), "tensor_parallel": 2, "pipeline_parallel": 1}
+    assert (bare["model_config"], bare["model_config_fingerprint"]) == ({}, None)
+    assert warnings() == []
 
 
 def test_one_request_line_per_request_when_a_batch_first_holds_it(tmp_path, sampler):

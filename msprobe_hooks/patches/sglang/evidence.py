@@ -13,7 +13,7 @@ returned. A request's line is made when a batch first holds it (:func:`request_l
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -74,14 +74,13 @@ def describe_engine(state: Any, runner: Any) -> None:
 
 def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
     """The ``numerics`` values of a runner whose model is loaded (failures named in ``failures``)."""
-    model_config = runner.model_config
     arg = resolved_arg_reader(runner.server_args)
     return read_settings(
         {
-            "model_dtype": lambda: dtype_name(model_config.dtype),
+            "model_dtype": lambda: dtype_name(runner.model_config.dtype),
             # "auto" resolves to the model's dtype, as vLLM's does
-            "kv_cache_dtype": lambda: kv_cache_dtype_name(arg("kv_cache_dtype"), model_config.dtype),
-            "head_dtype": lambda: head_dtype(model, model_config),
+            "kv_cache_dtype": lambda: kv_cache_dtype_name(arg("kv_cache_dtype"), runner.model_config.dtype),
+            "head_dtype": lambda: head_dtype(model, runner.model_config),
             "attention_backend": lambda: arg("attention_backend"),
             "tensor_parallel": lambda: runner.tp_size,
             "pipeline_parallel": lambda: runner.pp_size,
@@ -89,9 +88,9 @@ def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
             "prefix_caching": lambda: not arg("disable_radix_cache"),
             "chunked_prefill": lambda: (arg("chunked_prefill_size") or 0) > 0,  # -1 or None: off
             "eager": lambda: eager(arg),
-            "quantization": lambda: model_config.quantization,
+            "quantization": lambda: runner.model_config.quantization,
             "logprobs_mode": logprobs_mode,
-            "max_model_len": lambda: model_config.context_len,
+            "max_model_len": lambda: runner.model_config.context_len,
         },
         failures,
     )
@@ -144,11 +143,15 @@ def _optional(arg: Callable[[str], Any], field: str, absent: Any) -> Any:
         return absent
 
 
-def logprobs_mode() -> str:
+def logprobs_mode() -> str | None:
     """What SGLang's returned log-probs are of, as its sampler decides: the raw logits' with
     ``SGLANG_RETURN_ORIGINAL_LOGPROB``, else (its default) the temperature-scaled logits', before top-k / top-p /
-    min-p (the sampler filters a copy of the probabilities)."""
-    return RAW_LOGPROBS if getattr(importlib.import_module(_SAMPLER), _RETURNS_RAW) else TEMPERATURE_SCALED_LOGPROBS
+    min-p (the sampler filters a copy of the probabilities). The model runner imports the sampler, so it is loaded by
+    the time a runner is described; None where it is not (a release without it)."""
+    sampler = sys.modules.get(_SAMPLER)
+    if sampler is None:
+        return None
+    return RAW_LOGPROBS if getattr(sampler, _RETURNS_RAW) else TEMPERATURE_SCALED_LOGPROBS
 
 
 def request_line_of(req: Any) -> str:

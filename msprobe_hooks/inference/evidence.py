@@ -19,14 +19,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, clock
-from msprobe_hooks.jsonl import JsonlLog, encode
+from msprobe_hooks.jsonl import JsonlLog, current_pid, encode
 from msprobe_hooks.numerics import (
+    GENERATE_SIDE,
     ROPE_FROM_CONFIG,
     ROPE_FROM_MODULE,
     SAMPLING_KEYS,
     config_fields,
     config_fingerprint,
     dtype_name,
+    engine_record,
 )
 
 
@@ -45,6 +47,45 @@ class EvidenceLogs:
         """The lines of a step's new requests (:func:`request_line`), in one write."""
         if lines:
             self.requests.write_line("\n".join(lines))
+
+
+def write_engine_line(
+    logs: EvidenceLogs,
+    *,
+    engine: str,
+    version: str | None,
+    rank: int | None,
+    settings: Mapping[str, Callable[[], Any]],
+    hf_config: Callable[[], Any],
+    hf_text_config: Callable[[], Any],
+    model: Any,
+) -> None:
+    """Write one ``engine.jsonl`` line of a loaded model: ``settings`` read into ``numerics``
+    (:func:`read_settings`), the configuration dicts ``hf_config`` / ``hf_text_config`` return and the model's rotary
+    modules into ``model_config`` (:func:`model_configuration`); one warning naming every setting left null by a
+    failure."""
+    failures: list[str] = []
+    configs = read_settings(
+        {"hf_config": hf_config, "hf_text_config": hf_text_config, "rotary modules": lambda: rope_bases(model)},
+        failures,
+    )
+    fields, fingerprint = model_configuration(
+        configs["hf_config"], configs["hf_text_config"], configs["rotary modules"]
+    )
+    logs.write_engine(
+        engine_record(
+            side=GENERATE_SIDE,
+            engine=engine,
+            version=version,
+            pid=current_pid(),
+            rank=rank,
+            time=clock(),
+            numerics=read_settings(settings, failures),
+            model_config=fields,
+            fingerprint=fingerprint,
+        )
+    )
+    report_unread(ENGINE_LOG, failures)
 
 
 def request_line(

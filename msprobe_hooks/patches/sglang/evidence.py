@@ -18,24 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import current_rank
-from msprobe_hooks.inference.evidence import (
-    kv_cache_dtype_name,
-    model_configuration,
-    read_settings,
-    report_unread,
-    request_line,
-    rope_bases,
-    sampling_values,
-)
-from msprobe_hooks.join_keys import ENGINE_LOG, clock
-from msprobe_hooks.jsonl import current_pid
-from msprobe_hooks.numerics import (
-    GENERATE_SIDE,
-    RAW_LOGPROBS,
-    TEMPERATURE_SCALED_LOGPROBS,
-    dtype_name,
-    engine_record,
-)
+from msprobe_hooks.inference.evidence import kv_cache_dtype_name, request_line, sampling_values, write_engine_line
+from msprobe_hooks.numerics import RAW_LOGPROBS, TEMPERATURE_SCALED_LOGPROBS, dtype_name
 
 # Where SGLang's sampler reads, once at import, whether it returns the log-probs of the raw logits
 # (SGLANG_RETURN_ORIGINAL_LOGPROB=1) instead of its default, log_softmax(logits / temperature).
@@ -46,54 +30,38 @@ _RETURNS_RAW = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 def describe_engine(state: Any, runner: Any) -> None:
     """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model
     (``state``: the runner's :class:`~.model_runner.SglangRunner`)."""
-    failures: list[str] = []
     model = runner.model
-    values = read_settings(
-        {
-            "hf_config": lambda: runner.model_config.hf_config.to_dict(),
-            "hf_text_config": lambda: runner.model_config.hf_text_config.to_dict(),
-            "rotary modules": lambda: rope_bases(model),
-        },
-        failures,
-    )
-    fields, fingerprint = model_configuration(values["hf_config"], values["hf_text_config"], values["rotary modules"])
-    record = engine_record(
-        side=GENERATE_SIDE,
+    write_engine_line(
+        state.evidence,
         engine=state.engine,
         version=state.engine_version,
-        pid=current_pid(),
         rank=current_rank(),
-        time=clock(),
-        numerics=numerics(runner, model, failures),
-        model_config=fields,
-        fingerprint=fingerprint,
+        settings=settings(runner, model),
+        hf_config=lambda: runner.model_config.hf_config.to_dict(),
+        hf_text_config=lambda: runner.model_config.hf_text_config.to_dict(),
+        model=model,
     )
-    state.evidence.write_engine(record)
-    report_unread(ENGINE_LOG, failures)
 
 
-def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
-    """The ``numerics`` values of a runner whose model is loaded (failures named in ``failures``)."""
+def settings(runner: Any, model: Any) -> dict[str, Callable[[], Any]]:
+    """How to read each ``numerics`` value of a runner whose model is loaded."""
     arg = resolved_arg_reader(runner.server_args)
-    return read_settings(
-        {
-            "model_dtype": lambda: dtype_name(runner.model_config.dtype),
-            # "auto" resolves to the model's dtype, as vLLM's does
-            "kv_cache_dtype": lambda: kv_cache_dtype_name(arg("kv_cache_dtype"), runner.model_config.dtype),
-            "head_dtype": lambda: head_dtype(model, runner.model_config),
-            "attention_backend": lambda: arg("attention_backend"),
-            "tensor_parallel": lambda: runner.tp_size,
-            "pipeline_parallel": lambda: runner.pp_size,
-            "expert_parallel": lambda: runner.moe_ep_size,
-            "prefix_caching": lambda: not arg("disable_radix_cache"),
-            "chunked_prefill": lambda: (arg("chunked_prefill_size") or 0) > 0,  # -1 or None: off
-            "eager": lambda: eager(arg),
-            "quantization": lambda: runner.model_config.quantization,
-            "logprobs_mode": logprobs_mode,
-            "max_model_len": lambda: runner.model_config.context_len,
-        },
-        failures,
-    )
+    return {
+        "model_dtype": lambda: dtype_name(runner.model_config.dtype),
+        # "auto" resolves to the model's dtype, as vLLM's does
+        "kv_cache_dtype": lambda: kv_cache_dtype_name(arg("kv_cache_dtype"), runner.model_config.dtype),
+        "head_dtype": lambda: head_dtype(model, runner.model_config),
+        "attention_backend": lambda: arg("attention_backend"),
+        "tensor_parallel": lambda: runner.tp_size,
+        "pipeline_parallel": lambda: runner.pp_size,
+        "expert_parallel": lambda: runner.moe_ep_size,
+        "prefix_caching": lambda: not arg("disable_radix_cache"),
+        "chunked_prefill": lambda: (arg("chunked_prefill_size") or 0) > 0,  # -1 or None: off
+        "eager": lambda: eager(arg),
+        "quantization": lambda: runner.model_config.quantization,
+        "logprobs_mode": logprobs_mode,
+        "max_model_len": lambda: runner.model_config.context_len,
+    }
 
 
 def resolved_arg_reader(server_args: Any) -> Callable[[str], Any]:
@@ -157,7 +125,7 @@ def logprobs_mode() -> str | None:
 def request_line_of(req: Any) -> str:
     """A ``requests.jsonl`` line of an SGLang ``Req`` (SGLang keeps the client's id as is: the base id is the id)."""
     rid = str(req.rid)
-    params = req.sampling_params
+    params = getattr(req, "sampling_params", None)  # never a failure here: the request's identity is made with it
     asked = getattr(req, "return_logprob", False)
     return request_line(
         rid,

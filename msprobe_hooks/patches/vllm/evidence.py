@@ -11,23 +11,18 @@ top level).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import current_rank
 from msprobe_hooks.inference.evidence import (
     kv_cache_dtype_name,
-    model_configuration,
-    read_settings,
-    report_unread,
     request_line,
-    rope_bases,
     sampling_values,
     setting_text,
+    write_engine_line,
 )
-from msprobe_hooks.join_keys import ENGINE_LOG, clock
-from msprobe_hooks.jsonl import current_pid
-from msprobe_hooks.numerics import GENERATE_SIDE, dtype_name, engine_record
+from msprobe_hooks.numerics import dtype_name
 from msprobe_hooks.patches.vllm.batch import not_eager
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
@@ -36,21 +31,17 @@ def describe_engine(state: VllmRunner, runner: Any) -> None:
     """One ``engine.jsonl`` line: the settings that change numerics, read from the runner and its loaded model."""
     state.described = (getattr(runner, "model", None), runner.model_config)  # once, even if reading fails
     model = runner.get_model()
-    failures: list[str] = []
-    fields, fingerprint = _model_configuration(runner, model, failures)
-    record = engine_record(
-        side=GENERATE_SIDE,
+    write_engine_line(
+        state.evidence_logs(),
         engine=state.engine,
         version=state.engine_version,
-        pid=current_pid(),
         rank=state.rank if state.rank is not None else current_rank(),
-        time=clock(),
-        numerics=numerics(runner, model, failures),
-        model_config=fields,
-        fingerprint=fingerprint,
+        settings=settings(runner, model),
+        # the effective configuration: hf_text_config, after hf_overrides
+        hf_config=lambda: runner.model_config.hf_config.to_dict(),
+        hf_text_config=lambda: runner.model_config.hf_text_config.to_dict(),
+        model=model,
     )
-    state.evidence_logs().write_engine(record)
-    report_unread(ENGINE_LOG, failures)
 
 
 def record_requests(state: VllmRunner, new_requests: Sequence[Any]) -> None:
@@ -63,46 +54,29 @@ def record_requests(state: VllmRunner, new_requests: Sequence[Any]) -> None:
     state.evidence_logs().write_requests(lines)
 
 
-def numerics(runner: Any, model: Any, failures: list[str]) -> dict[str, Any]:
-    """The ``numerics`` values of a runner whose model is loaded (failures named in ``failures``)."""
+def settings(runner: Any, model: Any) -> dict[str, Callable[[], Any]]:
+    """How to read each ``numerics`` value of a runner whose model is loaded."""
     model_config = runner.model_config
     cache = runner.cache_config
     parallel = runner.parallel_config
-    return read_settings(
-        {
-            "model_dtype": lambda: dtype_name(model_config.dtype),
-            "kv_cache_dtype": lambda: kv_cache_dtype_name(cache.cache_dtype, model_config.dtype),
-            "head_dtype": lambda: dtype_name(_head_dtype(model, model_config)),
-            "attention_backend": lambda: _attention_backends(runner),
-            "tensor_parallel": lambda: parallel.tensor_parallel_size,
-            "pipeline_parallel": lambda: parallel.pipeline_parallel_size,
-            # vLLM's experts are spread over the TP x DP ranks when expert parallelism is on (FusedMoEParallelConfig)
-            "expert_parallel": lambda: (
-                parallel.tensor_parallel_size * parallel.data_parallel_size if parallel.enable_expert_parallel else 1
-            ),
-            "prefix_caching": lambda: bool(cache.enable_prefix_caching),
-            "chunked_prefill": lambda: bool(runner.scheduler_config.enable_chunked_prefill),
-            "eager": lambda: not_eager(runner) is None,
-            "quantization": lambda: model_config.quantization,
-            "logprobs_mode": lambda: setting_text(model_config.logprobs_mode),
-            "max_model_len": lambda: model_config.max_model_len,
-        },
-        failures,
-    )
-
-
-def _model_configuration(runner: Any, model: Any, failures: list[str]) -> tuple[dict[str, Any], str | None]:
-    """The effective model configuration's numerics fields (``hf_text_config``, after ``hf_overrides``), the rope
-    theta the rotary modules use, and the fingerprint of the whole ``hf_config``."""
-    values = read_settings(
-        {
-            "hf_config": lambda: runner.model_config.hf_config.to_dict(),
-            "hf_text_config": lambda: runner.model_config.hf_text_config.to_dict(),
-            "rotary modules": lambda: rope_bases(model),
-        },
-        failures,
-    )
-    return model_configuration(values["hf_config"], values["hf_text_config"], values["rotary modules"])
+    return {
+        "model_dtype": lambda: dtype_name(model_config.dtype),
+        "kv_cache_dtype": lambda: kv_cache_dtype_name(cache.cache_dtype, model_config.dtype),
+        "head_dtype": lambda: dtype_name(_head_dtype(model, model_config)),
+        "attention_backend": lambda: _attention_backends(runner),
+        "tensor_parallel": lambda: parallel.tensor_parallel_size,
+        "pipeline_parallel": lambda: parallel.pipeline_parallel_size,
+        # vLLM's experts are spread over the TP x DP ranks when expert parallelism is on (FusedMoEParallelConfig)
+        "expert_parallel": lambda: (
+            parallel.tensor_parallel_size * parallel.data_parallel_size if parallel.enable_expert_parallel else 1
+        ),
+        "prefix_caching": lambda: bool(cache.enable_prefix_caching),
+        "chunked_prefill": lambda: bool(runner.scheduler_config.enable_chunked_prefill),
+        "eager": lambda: not_eager(runner) is None,
+        "quantization": lambda: model_config.quantization,
+        "logprobs_mode": lambda: setting_text(model_config.logprobs_mode),
+        "max_model_len": lambda: model_config.max_model_len,
+    }
 
 
 def sampling(params: Any) -> dict[str, Any] | None:

@@ -19,7 +19,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, clock
-from msprobe_hooks.jsonl import JsonlLog, encode
+from msprobe_hooks.jsonl import JsonlLog, current_pid, encode
+from msprobe_hooks.numerics import (
+    GENERATE_SIDE,
+    ROPE_FROM_CONFIG,
+    ROPE_FROM_MODULE,
+    SAMPLING_KEYS,
+    config_fields,
+    config_fingerprint,
+    dtype_name,
+    engine_record,
+)
 
 
 class EvidenceLogs:
@@ -37,6 +47,45 @@ class EvidenceLogs:
         """The lines of a step's new requests (:func:`request_line`), in one write."""
         if lines:
             self.requests.write_line("\n".join(lines))
+
+
+def write_engine_line(
+    logs: EvidenceLogs,
+    *,
+    engine: str,
+    version: str | None,
+    rank: int | None,
+    settings: Mapping[str, Callable[[], Any]],
+    hf_config: Callable[[], Any],
+    hf_text_config: Callable[[], Any],
+    model: Any,
+) -> None:
+    """Write one ``engine.jsonl`` line of a loaded model: ``settings`` read into ``numerics``
+    (:func:`read_settings`), the configuration dicts ``hf_config`` / ``hf_text_config`` return and the model's rotary
+    modules into ``model_config`` (:func:`model_configuration`); one warning naming every setting left null by a
+    failure."""
+    failures: list[str] = []
+    configs = read_settings(
+        {"hf_config": hf_config, "hf_text_config": hf_text_config, "rotary modules": lambda: rope_bases(model)},
+        failures,
+    )
+    fields, fingerprint = model_configuration(
+        configs["hf_config"], configs["hf_text_config"], configs["rotary modules"]
+    )
+    logs.write_engine(
+        engine_record(
+            side=GENERATE_SIDE,
+            engine=engine,
+            version=version,
+            pid=current_pid(),
+            rank=rank,
+            time=clock(),
+            numerics=read_settings(settings, failures),
+            model_config=fields,
+            fingerprint=fingerprint,
+        )
+    )
+    report_unread(ENGINE_LOG, failures)
 
 
 def request_line(
@@ -58,6 +107,50 @@ def request_line(
             "prompt_token_ids": ids,
         }
     )
+
+
+def sampling_values(params: Any, **held_elsewhere: Any) -> dict[str, Any]:
+    """A request's :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` read off its sampling parameters object by name (None
+    where it has no such attribute), but for the keys the engine holds elsewhere, given as ``held_elsewhere``."""
+    return {key: held_elsewhere[key] if key in held_elsewhere else getattr(params, key, None) for key in SAMPLING_KEYS}
+
+
+def kv_cache_dtype_name(configured: Any, model_dtype: Any) -> str | None:
+    """The KV cache's dtype as the engine names it (``"fp8_e4m3"``: the torch storage may be uint8, so its name says
+    more); ``"auto"`` (or none) is the model's dtype."""
+    return dtype_name(model_dtype) if configured in (None, "auto") else setting_text(configured)
+
+
+def setting_text(value: Any) -> str | None:
+    """A setting that is a str or an Enum of str, as its text."""
+    return None if value is None else str(getattr(value, "value", value))
+
+
+def rope_bases(model: Any) -> list[float]:
+    """The distinct bases of the model's rotary modules (vLLM's and SGLang's ``RotaryEmbedding*``: ``base`` and
+    ``rotary_dim``), in module order."""
+    bases: list[float] = []
+    for module in model.modules():
+        base = getattr(module, "base", None)
+        if not isinstance(base, (int, float)) or isinstance(base, bool) or not hasattr(module, "rotary_dim"):
+            continue
+        if float(base) not in bases:
+            bases.append(float(base))
+    return bases
+
+
+def model_configuration(whole: Any, text: Any, bases: Sequence[float] | None) -> tuple[dict[str, Any], str | None]:
+    """The ``model_config`` fields and fingerprint of an engine line: the numerics fields of the effective text
+    configuration (``text``, else ``whole``: dicts), the rope theta the rotary modules compute with (``bases``)
+    overriding the config's, and the fingerprint of the whole configuration."""
+    text = text or whole
+    fields = config_fields(text) if isinstance(text, Mapping) else {}
+    if bases:  # what the model computes with, whatever the config object says
+        fields["rope_theta"] = bases[0] if len(bases) == 1 else list(bases)
+        fields["rope_theta_source"] = ROPE_FROM_MODULE
+    elif fields.get("rope_theta") is not None:
+        fields["rope_theta_source"] = ROPE_FROM_CONFIG
+    return fields, config_fingerprint(whole) if isinstance(whole, Mapping) else None
 
 
 def read_settings(readers: Mapping[str, Callable[[], Any]], failures: list[str]) -> dict[str, Any]:

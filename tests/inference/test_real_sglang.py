@@ -25,7 +25,8 @@ from support.real_sglang import KERNEL_STUB, EngineRun, engine_env, run_engine, 
 from support.sglang_standin import dispatch_log, dumped_modules, step_folders
 
 from cpu_kit import verl_cpu
-from msprobe_hooks.join_keys import prompt_hash
+from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, prompt_hash
+from msprobe_hooks.numerics import TEMPERATURE_SCALED_LOGPROBS, config_fields
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -39,6 +40,9 @@ WAVES = [
 GENERATE_DUMP = "generate-dump"
 # Left out by msprobe's step filter: its line must say dumped false and it has no folder (wave 0's first decode).
 UNDUMPED_STEP = 1
+# What SGLang 0.5.21 resolves on this CPU box for the child's engine (engine.jsonl).
+REAL_ATTENTION_BACKEND = "torch_native"
+REAL_CHUNKED_PREFILL = True
 EMBEDDING_INPUT = "Module.model.embed_tokens.VocabParallelEmbedding.forward.0.input.0.pt"
 
 
@@ -171,6 +175,72 @@ def test_full_prefill_rows(hooked):
     decode_rows = [r for line in lines if line["phase"] == "decode" for r in line["requests"]]
     assert decode_rows and not any(r["prefill"] or r["full_prefill"] for r in decode_rows)
     assert all(r["type"] == "cached" and r["tokens"] == 1 for r in decode_rows)
+
+
+def _evidence(run: EngineRun, name: str) -> list[dict]:
+    path = run.work / "dump" / str(_scheduler_pid(run)) / name
+    assert path.is_file(), f"{path} is missing"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_engine_line_has_the_engines_real_settings(hooked, model_dirs):
+    """engine.jsonl beside the dispatch log, once: what the scheduler's ModelRunner runs, read from SGLang's objects
+    (the child's engine: float32, no CUDA graph, radix cache on; SGLang's default temperature-scaled log-probs)."""
+    (line,) = _evidence(hooked, ENGINE_LOG)
+    assert (line["side"], line["engine"], line["version"], line["pid"]) == (
+        "generate",
+        "sglang",
+        "0.5.21",
+        _scheduler_pid(hooked),
+    )
+    checkpoint = json.loads((Path(model_dirs[0]) / "config.json").read_text())
+    assert line["numerics"] == {
+        "model_dtype": "float32",
+        "kv_cache_dtype": "float32",  # auto: the model's
+        "head_dtype": "float32",
+        "attention_backend": REAL_ATTENTION_BACKEND,
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "expert_parallel": 1,
+        "prefix_caching": True,
+        "chunked_prefill": REAL_CHUNKED_PREFILL,
+        "eager": True,
+        "quantization": None,
+        "logprobs_mode": TEMPERATURE_SCALED_LOGPROBS,
+        "max_model_len": checkpoint["max_position_embeddings"],
+    }
+    fields = config_fields(checkpoint)
+    assert line["model_config"]["rope_theta"] == fields["rope_theta"]
+    assert line["model_config"]["rope_theta_source"] == "rotary module"  # read off the loaded model
+    for key in ("model_type", "rms_norm_eps", "tie_word_embeddings", "hidden_size", "num_hidden_layers"):
+        assert line["model_config"][key] == fields[key]
+    assert line["model_config_fingerprint"].startswith("cfg-v1:")
+    assert "could not read" not in hooked.stderr
+
+
+def test_one_request_line_per_request_as_sglang_holds_it(hooked):
+    """requests.jsonl: each request once, in the forward that first holds it, with SGLang's SamplingParams (the
+    child's greedy temperature 0 is held as temperature 1 and top_k 1) and the prompt ids it was fed."""
+    lines = _evidence(hooked, REQUESTS_LOG)
+    assert [(r["request_id"], r["base"], r["prompt_len"], r["prompt_token_ids"]) for r in lines] == [
+        (rid, rid, len(PROMPTS[rid]), PROMPTS[rid]) for rid in ("req-a", "req-b", "req-c")
+    ]
+    assert {json.dumps(r["sampling"], sort_keys=True) for r in lines} == {
+        json.dumps(
+            {
+                "temperature": 1.0,
+                "top_k": 1,
+                "top_p": 1.0,
+                "min_p": 0.0,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "repetition_penalty": 1.0,
+                "logprobs": None,
+                "seed": None,
+            },
+            sort_keys=True,
+        )
+    }
 
 
 def _doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

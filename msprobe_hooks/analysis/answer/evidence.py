@@ -9,7 +9,8 @@ kind leaves it None ("not recorded"): no rule decides on it.
 The sampling evidence is the transform each side's log-probs are of, not the parameters as passed: vLLM returns
 the log-probs of the processed distribution (``logprobs_mode`` ``processed_logprobs``: logits / temperature,
 renormalised over the top-k / top-p / min-p set) or of the raw logits (``raw_logprobs``, vLLM's default: the
-parameters then change nothing returned); verl recomputes ``log_softmax(logits / temperature)`` and never replays a
+parameters then change nothing returned); SGLang by default those of logits / temperature, no nucleus applied
+(``temperature_scaled_logprobs``); verl recomputes ``log_softmax(logits / temperature)`` and never replays a
 nucleus.
 """
 
@@ -22,6 +23,7 @@ from msprobe_hooks.analysis.answer.diagnosis import Evidence, SideEvidence
 from msprobe_hooks.analysis.pairing.pairs import Pair
 from msprobe_hooks.analysis.pairing.side_logs import engine_settings, requests
 from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.numerics import TEMPERATURE_SCALED_LOGPROBS
 
 # Model-configuration keys that say where a value came from, not what it is: never compared.
 NOT_COMPARED = frozenset({"rope_theta_source"})
@@ -84,11 +86,14 @@ def _configuration(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 def _rollout_transform(sampling: Mapping[str, Any], mode: Any) -> dict[str, Any]:
     """What the rollout's returned log-probs are of, by its log-probs mode and a request's parameters."""
+    t, k, p, m = (sampling.get(name) for name in ("temperature", "top_k", "top_p", "min_p"))
+    temperature = t if isinstance(t, (int, float)) and t >= GREEDY_BELOW else 1.0
+    if mode == TEMPERATURE_SCALED_LOGPROBS:  # SGLang's default: no nucleus applied to what it returns
+        return {**UNTRANSFORMED, TEMPERATURE: temperature}
     if not str(mode).startswith("processed"):
         return dict(UNTRANSFORMED)
-    t, k, p, m = (sampling.get(name) for name in ("temperature", "top_k", "top_p", "min_p"))
     return {
-        TEMPERATURE: t if isinstance(t, (int, float)) and t >= GREEDY_BELOW else 1.0,
+        TEMPERATURE: temperature,
         TOP_K: k if isinstance(k, int) and k > 0 else None,
         TOP_P: p if isinstance(p, (int, float)) and p < 1 else 1.0,
         MIN_P: m if isinstance(m, (int, float)) and m > 0 else 0.0,

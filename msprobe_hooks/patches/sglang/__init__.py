@@ -66,7 +66,11 @@ SGLANG_MODEL_RUNNER = Patch(
     "SGLang's --msprobe-dump-config debugger in charge, only moving its output under {dump_path}/{pid}. "
     "ModelRunner.forward: < 0.5.11 start(model, rank_id) / stop() around prefill (or all) forwards and "
     "step() after each; every version: one dispatch_log.jsonl line per forward (requests in token "
-    "order, tokens, cached prefix, prompt hash, msprobe step).",
+    "order, tokens, cached prefix, prompt hash, msprobe step). Beside it: engine.jsonl, one line once __init__ "
+    "has loaded the model (the numerics settings read from the runner's model_config, resolved server_args, "
+    "parallel sizes and loaded model: dtypes of the model, KV cache and lm_head, the log-probs mode SGLang's "
+    "sampler returns, the effective HF config's numerics fields, the rotary modules' base, a config fingerprint), "
+    "and requests.jsonl, the lines sglang.forward_batch made for the requests a forward holds for the first time.",
     retire_when="SGLang logs the requests of each forward next to its msprobe step (and support for "
     "SGLang < 0.5.11 is dropped).",
     contract=(
@@ -98,7 +102,9 @@ SGLANG_FORWARD_BATCH = Patch(
     "no request ids; the dispatch log needs both.",
     how="ForwardBatch.init_new: after it returns, attach the id, prompt length, prompt hash and "
     "first-seen flag of each request of its batch (ModelWorkerBatch.reqs on 0.5.6-0.5.12, the "
-    "ScheduleBatch on 0.5.13+, the sglang.schedule_batch tag before) to the new ForwardBatch.",
+    "ScheduleBatch on 0.5.13+, the sglang.schedule_batch tag before) to the new ForwardBatch, and the "
+    "requests.jsonl line of each request first seen (its Req's sampling_params, return_logprob / "
+    "top_logprobs_num and origin_input_ids).",
     retire_when="ForwardBatch carries the requests' prompt ids (or a hash of them) and request ids.",
     # The request fields it reads are in sglang.schedule_batch's contract: that module may still be
     # half-imported when this one's import hook runs (it imports forward_batch_info first).
@@ -115,7 +121,8 @@ SGLANG_SCHEDULE_BATCH = Patch(
     why="On SGLang 0.5.2-0.5.5 the ModelWorkerBatch has no requests, and on 0.5.2-0.5.3 the overlap "
     "scheduler runs the forward in another thread while the scheduler already changes its batch.",
     how="0.5.2-0.5.5: ScheduleBatch.get_model_worker_batch tags the worker batch it returns with its "
-    "requests' identities, taken in the scheduler thread, for ForwardBatch.init_new to pick up. "
+    "requests' identities (and the requests.jsonl lines of those first seen), taken in the scheduler thread, "
+    "for ForwardBatch.init_new to pick up. "
     "0.5.6+: nothing to wrap (the batch carries its requests); its contract still guards the request "
     "fields that sglang.forward_batch reads.",
     retire_when="Support for SGLang < 0.5.6 is dropped.",

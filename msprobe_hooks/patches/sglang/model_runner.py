@@ -19,6 +19,9 @@ every mode.
 ``forward`` writes one line per call to ``{generate dump_path}/{pid}/dispatch_log.jsonl``: which
 requests the forward holds, in token order, how many tokens each, how many were already cached,
 and the msprobe step the forward is.
+
+Beside it, as vLLM's runners do (:mod:`.evidence`): ``engine.jsonl``, one line per runner once ``__init__`` has
+loaded the model, and ``requests.jsonl``, one line per request in the first forward that holds it.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from msprobe_hooks.inference.dispatch_log import (
     StepWindow,
     make_scheduled_request,
 )
+from msprobe_hooks.inference.evidence import EvidenceLogs
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.patches import sglang as records
-from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, RequestIdentity
+from msprobe_hooks.patches.sglang import evidence
+from msprobe_hooks.patches.sglang.forward_batch import NEW_REQUESTS_ATTR, REQUESTS_ATTR, RequestIdentity
 from msprobe_hooks.patching import PatchContext, argument
 
 NATIVE_FROM = Version(records.NATIVE_FROM)
@@ -129,6 +134,7 @@ class SglangRunner(RunnerLog):
         log: JsonlLog,
     ) -> None:
         super().__init__("sglang", engine_version, log)
+        self.evidence = EvidenceLogs(log.root)  # engine.jsonl and requests.jsonl, beside the dispatch log
         self.debugger = debugger
         self.own = own  # we start/stop/step the debugger; otherwise SGLang does, or nobody
         self.dump_all = dump_all  # own debugger only: every forward, not just those holding prompt tokens
@@ -137,6 +143,7 @@ class SglangRunner(RunnerLog):
     def begin(self, model: Any, forward_batch: Any) -> StepWindow:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
+        self.evidence.write_requests(getattr(forward_batch, NEW_REQUESTS_ATTR, ()))
         window = StepWindow(_steps.take(self.debugger), requests=rows, forward_mode=mode)
         if self.own and self.debugger is not None and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.
@@ -275,6 +282,9 @@ def patch(module: ModuleType, ctx: PatchContext) -> None:
             raise GraphModeRefused(problem)
         result = wrapped(*args, **kwargs)
         ctx.guarded("setting up the runner's dump and dispatch log", attach_setup, instance)
+        state = getattr(instance, _STATE_ATTR, None)
+        if state is not None:  # the model is loaded by now
+            ctx.guarded("recording the engine's numerics settings", evidence.describe_engine, state, instance)
         return result
 
     ctx.wrap(cls, "__init__", init)

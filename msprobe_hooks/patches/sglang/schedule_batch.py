@@ -17,13 +17,13 @@ from typing import Any
 from packaging.version import Version
 
 from msprobe_hooks import patching
-from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, identities
+from msprobe_hooks.patches.sglang.forward_batch import carry
 
 _CARRIES_REQS_FROM = Version("0.5.6")
 
 
 def _tag(worker_batch: Any, schedule_batch: Any) -> None:
-    setattr(worker_batch, REQUESTS_ATTR, identities(schedule_batch.reqs))
+    carry(worker_batch, schedule_batch.reqs)
 
 
 def patch(module: ModuleType, ctx: patching.PatchContext) -> None:

@@ -105,7 +105,7 @@ def analysed(run: Launch) -> tuple[pandas.DataFrame, str, dict]:
     """What the demo's ``align`` + ``compare`` wrote for the run: pairs.csv, compare's cause line, the diagnosis."""
     folder = run.run.work / "report"
     diagnosis = json.loads((folder / "diagnosis.json").read_text())
-    cause = (folder / "summary.md").read_text().splitlines()[0]
+    cause = next(line for line in (folder / "summary.md").read_text().splitlines() if "cause: " in line)
     return pandas.read_csv(folder / "pairs.csv", keep_default_na=False), cause, diagnosis
 
 

@@ -10,12 +10,15 @@ of the run; a test marked ``alone`` (the real-size model) runs with no other eng
 from __future__ import annotations
 
 import fcntl
+import logging
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 from faults import fault_matrix
+
+from msprobe_hooks.log import NAME as LOGGER
 
 # Locked by every engine test, shared, and exclusively by an ``alone`` one: one file for the machine, so that the
 # workers of a session (and any other session here) see the same lock.
@@ -98,6 +101,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
     else:
         where = fault_matrix.RELIABILITY_DOC
         terminalreporter.write_line(f"not the whole matrix (or a cell failed): {where} left as it is")
+
+
+@pytest.fixture
+def hook_warnings(caplog):
+    """The hooks' warnings, read when called (their logger does not propagate: its handler is swapped for caplog's)."""
+    logger = logging.getLogger(LOGGER)
+    saved = logger.handlers[:], logger.propagate, logger.level
+    logger.handlers, logger.propagate = [caplog.handler], False
+    logger.setLevel(logging.INFO)
+    yield lambda: [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    logger.handlers, logger.propagate, _ = saved
+    logger.setLevel(saved[2])
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ run end to end is in test_vllm_dispatch.py, the real CPU engine in test_real_vll
 from __future__ import annotations
 
 import json
-import logging
 import re
 from types import SimpleNamespace
 
@@ -18,7 +17,6 @@ import torch
 from torch import nn
 
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG
-from msprobe_hooks.log import NAME as LOGGER
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint, dtype_name
 from msprobe_hooks.patches.vllm.evidence import describe_engine
 from msprobe_hooks.patches.vllm.model_runner import _record_step
@@ -121,19 +119,7 @@ def only_folder(root) -> str:
     return folder
 
 
-@pytest.fixture
-def warnings(caplog):
-    """The hooks' warnings (their logger does not propagate: its handler is swapped for caplog's)."""
-    logger = logging.getLogger(LOGGER)
-    saved = logger.handlers[:], logger.propagate, logger.level
-    logger.handlers, logger.propagate = [caplog.handler], False
-    logger.setLevel(logging.INFO)
-    yield lambda: [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-    logger.handlers, logger.propagate, _ = saved
-    logger.setLevel(saved[2])
-
-
-def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, warnings):
+def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, hook_warnings):
     runner = make_runner()
     state = make_state(runner, tmp_path)
     describe_engine(state, runner)
@@ -165,7 +151,7 @@ def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, warnings):
     assert re.fullmatch(r"cfg-v1:[0-9a-f]{64}", line["model_config_fingerprint"])
     assert line["model_config_fingerprint"] == config_fingerprint({**CHECKPOINT, "rope_theta": 500000.0})
     assert "tokenizer_fingerprint" not in line  # a vLLM worker has no tokenizer: left out, never guessed
-    assert warnings() == []
+    assert hook_warnings() == []
 
 
 def test_head_dtype_falls_back_to_the_config_then_the_lm_head_and_auto_cache_is_the_model_dtype(tmp_path):
@@ -190,7 +176,7 @@ def test_head_dtype_falls_back_to_the_config_then_the_lm_head_and_auto_cache_is_
     assert (last["rope_theta"], last["rope_theta_source"]) == (10000.0, "config")
 
 
-def test_a_broken_config_gives_null_and_one_log_line_never_an_exception(tmp_path, warnings):
+def test_a_broken_config_gives_null_and_one_log_line_never_an_exception(tmp_path, hook_warnings):
     runner = make_runner(Model(head_dtype=None), ModelConfig(head_dtype=ValueError("Unknown dtype: 'fp33'")))
 
     def broken() -> dict:
@@ -206,7 +192,7 @@ def test_a_broken_config_gives_null_and_one_log_line_never_an_exception(tmp_path
     assert line["numerics"]["model_dtype"] == "bfloat16"  # the rest is still read
     assert line["model_config_fingerprint"] is None
     assert line["model_config"] == {"rope_theta": 10000.0, "rope_theta_source": "rotary module"}
-    (warned,) = warnings()
+    (warned,) = hook_warnings()
     assert warned.startswith(f"{ENGINE_LOG}: could not read ")
     assert "head_dtype (ValueError: Unknown dtype: 'fp33')" in warned
     assert "hf_config (RuntimeError: config unreadable)" in warned

@@ -10,7 +10,6 @@ tree. The real CPU engine writes them in test_real_sglang.py.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import sys
 from pathlib import Path
@@ -28,7 +27,6 @@ from msprobe_hooks.analysis.results import Cause, DiagnosisPath
 from msprobe_hooks.analysis.run import CompareOptions, compare_file
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import ENGINE_LOG, GAP_LOG, REQUESTS_LOG
-from msprobe_hooks.log import NAME as LOGGER
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint
 from msprobe_hooks.patches.sglang import forward_batch as sglang_forward_batch
 from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
@@ -122,18 +120,6 @@ def sampler(monkeypatch):
     return module
 
 
-@pytest.fixture
-def warnings(caplog):
-    """The hooks' warnings (their logger does not propagate: its handler is swapped for caplog's)."""
-    logger = logging.getLogger(LOGGER)
-    saved = logger.handlers[:], logger.propagate, logger.level
-    logger.handlers, logger.propagate = [caplog.handler], False
-    logger.setLevel(logging.INFO)
-    yield lambda: [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-    logger.handlers, logger.propagate, _ = saved
-    logger.setLevel(saved[2])
-
-
 class Engine:
     """A patched ModelRunner and ForwardBatch.init_new over stand-in classes, writing under ``root``."""
 
@@ -190,7 +176,7 @@ def read(root: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, sampler, warnings):
+def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, sampler, hook_warnings):
     args = server_args(kv_cache_dtype="fp8_e4m3")
     Engine(tmp_path, Model(fp32_lm_head=True), args, sglang_config({**CHECKPOINT, "rope_theta": 500000.0}))
     (line,) = read(tmp_path, ENGINE_LOG)
@@ -220,7 +206,7 @@ def test_the_engine_line_says_what_the_loaded_model_runs(tmp_path, sampler, warn
         "rope_theta_source": "rotary module",
     }
     assert line["model_config_fingerprint"] == config_fingerprint(checkpoint)
-    assert warnings() == []
+    assert hook_warnings() == []
 
 
 @pytest.mark.parametrize(
@@ -247,7 +233,7 @@ def test_switches_off_and_the_raw_log_probs_switch(tmp_path, sampler, changes, r
     assert (line["numerics"]["head_dtype"], line["numerics"]["kv_cache_dtype"]) == ("bfloat16", "bfloat16")
 
 
-def test_a_setting_unread_gives_null_and_one_log_line_never_an_exception(tmp_path, sampler, warnings):
+def test_a_setting_unread_gives_null_and_one_log_line_never_an_exception(tmp_path, sampler, hook_warnings):
     class Args(SimpleNamespace):
         @property
         def kv_cache_dtype(self):
@@ -262,11 +248,11 @@ def test_a_setting_unread_gives_null_and_one_log_line_never_an_exception(tmp_pat
     assert line["numerics"]["kv_cache_dtype"] is None and line["numerics"]["attention_backend"] is None
     assert line["numerics"]["head_dtype"] is None
     assert line["numerics"]["model_dtype"] == "bfloat16"  # the rest is still read
-    (warned,) = warnings()
+    (warned,) = hook_warnings()
     assert warned == f"{ENGINE_LOG}: could not read kv_cache_dtype (RuntimeError: unresolved); written as null"
 
 
-def test_a_runner_with_few_of_the_settings_writes_nulls_without_a_word(tmp_path, monkeypatch, warnings):
+def test_a_runner_with_few_of_the_settings_writes_nulls_without_a_word(tmp_path, monkeypatch, hook_warnings):
     """A release (or the stand-ins) with no model_config, no such ServerArgs fields, no sampler module loaded."""
     monkeypatch.delitem(sys.modules, "sglang.srt.layers.sampler", raising=False)
     engine = Engine(tmp_path, nn.Linear(2, 2), SimpleNamespace(), sglang_config())
@@ -276,7 +262,7 @@ def test_a_runner_with_few_of_the_settings_writes_nulls_without_a_word(tmp_path,
     assert first["numerics"]["logprobs_mode"] is None
     assert bare["numerics"] == {**dict.fromkeys(NUMERICS_KEYS), "tensor_parallel": 2, "pipeline_parallel": 1}
     assert (bare["model_config"], bare["model_config_fingerprint"]) == ({}, None)
-    assert warnings() == []
+    assert hook_warnings() == []
 
 
 def test_one_request_line_per_request_when_a_batch_first_holds_it(tmp_path, sampler):

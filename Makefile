@@ -165,7 +165,7 @@ test-fast: install
 dist: install
 	rm -rf dist && $(BIN)/pip wheel -q --no-deps -w dist .
 
-bench: install install-vllm install-sglang
+bench: install install-vllm install-verl-e2e install-sglang
 	$(BIN)/python benchmarks/run_all.py
 
 docs: install

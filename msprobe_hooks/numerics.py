@@ -40,14 +40,10 @@ NUMERICS_KEYS = (
     "max_model_len",
 )
 
-# "logprobs_mode" values: what an engine's returned log-probs are of. vLLM names its own modes (its default
-# "raw_logprobs": the raw logits'; "processed_logprobs": after temperature and top-k / top-p / min-p); SGLang's default,
-# log_softmax(logits / temperature) with no nucleus applied, is named here.
-RAW_LOGPROBS, PROCESSED_LOGPROBS, TEMPERATURE_SCALED_LOGPROBS = (
-    "raw_logprobs",
-    "processed_logprobs",
-    "temperature_scaled_logprobs",
-)
+# "logprobs_mode" values an SGLang engine line records: what its returned log-probs are of. vLLM's modes are its own
+# (its default "raw_logprobs": the raw logits'; "processed_logprobs": after temperature and top-k / top-p / min-p);
+# SGLang's default, log_softmax(logits / temperature) with no nucleus applied, is named here.
+RAW_LOGPROBS, TEMPERATURE_SCALED_LOGPROBS = "raw_logprobs", "temperature_scaled_logprobs"
 
 # The fields of a model configuration (HF ``config.json``) that change numerics, recorded when the config has them.
 # transformers 5 moved rope_theta / rope_scaling into rope_parameters: both spellings are kept as the config has them.

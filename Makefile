@@ -1,10 +1,10 @@
 # The two commands of the README:
-#   make demo   install into .venv and .venv-vllm, then the whole loop on CPU: real verl and vLLM engines dumped
-#               with the hooks on, align, compare, and the report (examples/demo.sh)
+#   make demo   install into .venv, .venv-vllm and .venv-verl-e2e, then the whole loop on CPU, dumped with the hooks on
+#               from the environment, aligned, compared, each act answered: verl's own main_ppo healthy (cause none)
+#               and with a bf16 forward under model_dtype=fp32 (precision), then a decode-only fault in the CPU kit's
+#               RL loop (module, decode path) (examples/demo.sh)
 #   make demo-moe   the same loop on a tiny Qwen3-MoE, the routers' choices compared: a router fault named as
 #               routing (examples/demo_moe.sh)
-#   make demo-main-ppo   verl's own main_ppo on CPU with vLLM CPU as its rollout, the hooks from the environment:
-#               healthy (cause none) and a bf16 forward under model_dtype=fp32 (precision) (examples/demo_main_ppo.sh)
 #   make demo-causes   two real causes, each answered in one line: the rollout's temperature never given to the
 #               trainer (sampling) and an fp8 KV cache in vLLM (precision), no weight touched (examples/demo_causes.sh)
 #   make test   install into .venv (with Megatron), .venv-vllm, .venv-verl-e2e and .venv-sglang, then lint, type-check and run the
@@ -65,7 +65,7 @@ VERL_E2E_BIN := $(VERL_E2E_VENV)/bin
 VERL_E2E_DEPS := accelerate codetiming datasets dill hydra-core peft pyarrow pybind11 pylatexenc \
 	'ray[default]' torchdata tensordict TransferQueue pyzmq msgspec wandb tensorboard pandas
 
-.PHONY: install install-megatron install-vllm install-verl-e2e install-sglang demo demo-moe demo-causes demo-main-ppo test test-fast bench docs dist clean verl-tests chromium
+.PHONY: install install-megatron install-vllm install-verl-e2e install-sglang demo demo-moe demo-causes test test-fast bench docs dist clean verl-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -128,8 +128,8 @@ $(VERL_E2E_BIN)/msprobe-hooks: $(VLLM_BIN)/msprobe-hooks setup.cfg pyproject.tom
 
 install-verl-e2e: $(VERL_E2E_BIN)/msprobe-hooks
 
-demo: install install-vllm
-	bash examples/demo.sh $(BIN) $(VLLM_BIN)
+demo: install install-vllm install-verl-e2e
+	bash examples/demo.sh $(BIN) $(VLLM_BIN) $(VERL_E2E_BIN)
 
 # The routing demo (Qwen3-MoE, a router fault named as routing): its own target, so that make demo stays short.
 demo-moe: install install-vllm
@@ -138,10 +138,6 @@ demo-moe: install install-vllm
 # Two real causes (sampling, an fp8 KV cache), no planted weights: its own target, so that make demo stays short.
 demo-causes: install install-vllm
 	bash examples/demo_causes.sh $(BIN) $(VLLM_BIN)
-
-# verl's own trainer end to end (two main_ppo runs, a few minutes each): its own target, so that make demo stays short.
-demo-main-ppo: install-verl-e2e
-	bash examples/demo_main_ppo.sh $(VERL_E2E_BIN)
 
 # Headless Chromium renders the compare report in tests/analysis/test_compare.py (Debian's package).
 chromium:

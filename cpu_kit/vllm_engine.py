@@ -54,6 +54,14 @@ COMMAND_TIMEOUT = 300.0
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 256, "seed": 0}
 
 
+def _in_process(env: Mapping[str, str]) -> dict[str, str]:
+    """``env``, with vLLM's engine core and its one worker in the server's process unless ``env`` says otherwise
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one interpreter start instead of three, the same schedule and numbers).
+    The shim reaching vLLM's spawned processes is proven where that is the point (tests/inference/test_real_vllm.py,
+    verl's own main_ppo)."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env}
+
+
 class EngineError(RuntimeError):
     """The engine answered an error, or died; the message ends with its log's last lines."""
 
@@ -189,7 +197,7 @@ class VllmEngine:
         command += ["--hf-overrides", json.dumps(dict(hf_overrides or {}))]
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=dict(env), text=True
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=_in_process(env), text=True
             )
         self._replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

@@ -1,74 +1,69 @@
 #!/usr/bin/env bash
-# The whole story on this CPU, dumped by msprobe-hooks from the environment alone (nothing in the
-# driving scripts dumps), each act ending in a report. `make demo` runs it:
-#   bash examples/demo.sh TRAIN_VENV_BIN VLLM_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump)
+# The whole story on this CPU, dumped by msprobe-hooks from the environment alone (nothing in the launched
+# programs dumps), each act ending in its answer. `make demo` runs it:
+#   bash examples/demo.sh TRAIN_VENV_BIN VLLM_VENV_BIN VERL_E2E_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump)
 #
-# 1. One checkpoint's prefill: verl's FSDP2 engine and vLLM's engine on the same prompts, vLLM on the
-#    very same weights (nothing may be named), then on a copy with one planted fault (it must be named).
-# 2. The RL loop (cpu_kit/rl_loop.py): vLLM rolls out and returns its log-probs, verl recomputes them
-#    and takes a real update, the new weights go to the same running vLLM engine; one tensor is left
-#    out of the hand-over from global step 2 on (a sync fault): the run view must say since when.
-# 3. The RL loop with a fault only decode steps see (the CPU kit's vLLM plugin, installed in the vLLM
-#    venv only): prefill clean, a gap on the response tokens, decode pairs naming the module.
-# The engines' own output goes to OUT_DIR/logs/, the terminal gets the answers.
+# 1-2. verl's own trainer, `python3 -m verl.trainer.main_ppo`, unchanged, as a user launches it (VERL_E2E_VENV_BIN's
+#    interpreter: verl and vLLM CPU in one): Ray, the agent loop, vLLM as the rollout server in a Ray actor, the FSDP2
+#    actor, the weight sync after every step (cpu_kit/main_ppo.py; docs/verl-main-ppo.md). Two global steps each.
+#    1. healthy: the v1 trainer, fp32 on both sides: align pairs every sample with its prefill, cause none.
+#    2. the legacy trainer with FSDP's mixed precision at verl's default (a bf16 forward under model_dtype=fp32),
+#       vLLM in fp32: cause precision, the whole model.
+# 3. What main_ppo cannot show: a fault only vLLM's decode steps see (the CPU kit's vLLM plugin, installed in the vLLM
+#    venv only), in the CPU kit's RL loop (cpu_kit/rl_loop.py: vLLM rolls out, verl's FSDP2 engine recomputes the
+#    log-probs): prefill clean, a gap on the response tokens, decode pairs naming the module.
+# The engines' own output goes to OUT_DIR/logs/ (main_ppo's: OUT_DIR/main_ppo/NAME/main_ppo.log), the terminal gets
+# the answers.
 set -euo pipefail
+verl_bin=$(realpath "$3")
+set -- "$1" "$2" ${4:+"$4"}
 DEMO_OUT=msprobe_dump source "$(dirname "$0")/demo_lib.sh"
+config=$PWD/msprobe_l0.json
 
-answer() { # align + compare one act's dumps: ACT TRAIN_ROOT GENERATE_ROOT [compare options]
-	local act=$out/$1 train=$2 generate=$3
-	shift 3
-	echo "== align + compare"
-	"$train_bin/msprobe-hooks" align "$train" "$generate" -o "$act/pairs.jsonl"
-	"$train_bin/msprobe-hooks" compare "$act/pairs.jsonl" -o "$act/report" "$@"
+answer() { # align + compare one act's dumps: BIN ACT_DIR [compare options]: the last line of align, the cause line
+	local bin=$1 act=$2
+	shift 2
+	"$bin/msprobe-hooks" align "$act/dumps/actor" "$act/dumps/generate" -o "$act/pairs.jsonl" | tail -n 1
+	"$bin/msprobe-hooks" compare "$act/pairs.jsonl" -o "$act/report" "$@" | sed -n 1p
 }
+
+main_ppo() { # one main_ppo run of two global steps with the hooks on: NAME [cpu_kit.main_ppo options]
+	local name=$1 work=$out/main_ppo/$1
+	shift
+	(cd .. && MSPROBE_HOOKS_OUTPUT_DIR=$work/dumps PYTHONPATH=$("$verl_bin/msprobe-hooks" shim-path) \
+		quietly "main_ppo-$name" "$verl_bin/python" -m cpu_kit.main_ppo "$work" --steps 2 "$@")
+	grep -h "^global step" "$out/logs/main_ppo-$name.log" # the launcher's line a step, verl's own metric in it
+	answer "$verl_bin" "$work"
+}
+
+export DUMP_ON=1 PROMPTS_ONLY=1 MSPROBE_ACTOR_CONFIG=$config MSPROBE_GENERATE_CONFIG=$config
+
+echo "#### 1. verl's own main_ppo, the v1 trainer, fp32 on both sides: healthy"
+main_ppo healthy
+echo "expected: cause: none"
+
+echo
+echo "#### 2. main_ppo, the legacy trainer with verl's default FSDP mixed precision: a bf16 forward under model_dtype=fp32"
+main_ppo bf16 --legacy "~actor_rollout_ref.actor.fsdp_config.mixed_precision"
+echo "expected: cause: precision, model dtype bfloat16 (training) vs float32 (rollout)"
 
 fault=$(PYTHONPATH=.. "$train_bin/python" -c \
 	'from cpu_kit import demo_inputs as d; print(f"model.{d.PERTURBED_MODULE}", d.PERTURBATION)')
 module=${fault%% *}
 factor=${fault##* }
-
-echo "== inputs: a tiny random Qwen2, a copy with $module x $factor, four prompts"
-PYTHONPATH=.. "$train_bin/python" -m cpu_kit.demo_inputs "$out/inputs"
-prompts=$out/inputs/prompts.jsonl
-export DUMP_ON=1 PROMPTS_ONLY=1 TORCHDYNAMO_DISABLE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_RPC_BASE_PATH=$rpc
+echo
+echo "#### 3. the CPU kit's RL loop: $module x $factor in vLLM's decode steps only (the CPU kit's plugin)"
+PYTHONPATH=.. quietly inputs "$train_bin/python" -m cpu_kit.demo_inputs "$out/inputs"
+act=$out/decode_fault
+TORCHDYNAMO_DISABLE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_RPC_BASE_PATH=$rpc DUMP_SEQUENCES=1 \
+	CPU_KIT_DECODE_FAULT="$module:$factor" MSPROBE_HOOKS_OUTPUT_DIR=$act/dumps \
+	MSPROBE_ACTOR_CONFIG=$PWD/msprobe_l0_tensor.json MSPROBE_GENERATE_CONFIG=$PWD/msprobe_l0_tensor.json \
+	quietly decode_fault "$train_bin/msprobe-hooks" run -- "$train_bin/python" ../cpu_kit/rl_loop.py \
+	--model "$out/inputs/model" --prompts "$out/inputs/prompts.jsonl" --out "$act/out" \
+	--vllm-python "$vllm_bin/python" --iterations 1
+grep -h "max token gap" "$out/logs/decode_fault.log"
+answer "$train_bin" "$act"
+echo "expected: cause: module (decode), ${module#model.}: prefill no divergence, every decode token diverges there"
 
 echo
-echo "#### 1. one checkpoint's prefill"
-echo "== training side: verl's FSDP2 engine recomputes log-probs (one prompt-only dump per sample)"
-MSPROBE_HOOKS_OUTPUT_DIR=$out/prefill/train MSPROBE_ACTOR_CONFIG=$PWD/msprobe_l0.json quietly train \
-	"$train_bin/msprobe-hooks" run -- "$train_bin/python" cpu_demo.py --model "$out/inputs/model" --prompts "$prompts"
-for checkpoint in model perturbed; do
-	echo
-	echo "== inference side: vLLM's engine (CPU) generates for the same prompts from inputs/$checkpoint"
-	MSPROBE_HOOKS_OUTPUT_DIR=$out/prefill/$checkpoint MSPROBE_GENERATE_CONFIG=$PWD/msprobe_l0.json \
-		quietly "vllm-$checkpoint" \
-		"$vllm_bin/msprobe-hooks" run -- "$vllm_bin/python" vllm_generate.py "$out/inputs/$checkpoint" "$prompts"
-	answer "prefill/$checkpoint" "$out/prefill/train/actor" "$out/prefill/$checkpoint/generate"
-done
-echo "expected: no divergence on inputs/model; $module output on inputs/perturbed"
-
-loop() { # the RL loop with the hooks on: NAME MSPROBE_CONFIG [rl_loop options]
-	local name=$1 config=$2
-	shift 2
-	MSPROBE_HOOKS_OUTPUT_DIR=$out/$name/dumps MSPROBE_ACTOR_CONFIG=$config MSPROBE_GENERATE_CONFIG=$config \
-		quietly "$name" "$train_bin/msprobe-hooks" run -- "$train_bin/python" ../cpu_kit/rl_loop.py \
-		--model "$out/inputs/model" --prompts "$prompts" --out "$out/$name/out" --vllm-python "$vllm_bin/python" "$@"
-	grep -h "max token gap" "$out/logs/$name.log"
-}
-
-echo
-echo "#### 2. the RL loop: $module left out of the weight hand-over from global step 2 on"
-loop sync_fault "$PWD/msprobe_l0.json" --iterations 2 --drop-tensor "$module.weight" --at-step 2
-answer sync_fault "$out/sync_fault/dumps/actor" "$out/sync_fault/dumps/generate" \
-	--tensorboard "$out/sync_fault/tensorboard"
-echo "expected: global step 1 clean; global step 2 the first to diverge, at ${module#model.} output"
-
-echo
-echo "#### 3. the RL loop: $module x $factor in vLLM's decode steps only (the CPU kit's plugin)"
-DUMP_SEQUENCES=1 CPU_KIT_DECODE_FAULT="$module:$factor" loop decode_fault "$PWD/msprobe_l0_tensor.json" --iterations 1
-answer decode_fault "$out/decode_fault/dumps/actor" "$out/decode_fault/dumps/generate"
-echo "expected: prefill no divergence; every decode token diverges at ${module#model.} output; decode path"
-
-echo
-echo "reports: $out/{prefill/model,prefill/perturbed,sync_fault,decode_fault}/report/index.html"
-echo "TensorBoard: tensorboard --logdir $out/sync_fault/tensorboard; engine logs: $out/logs/"
+echo "reports: $out/{main_ppo/healthy,main_ppo/bf16,decode_fault}/report/index.html; engine logs: $out/logs/"

@@ -28,14 +28,14 @@ ENGINE_LOCK = Path(tempfile.gettempdir()) / "msprobe-hooks-tests-engines.lock"
 # The longest files of make test, longest first (pytest --durations=0 in a fresh clone, summed per file; list one
 # here when it takes minutes): two workers end together when the longest start first.
 LONGEST_FIRST = (
-    "inference/test_real_rl_loop.py",
-    "inference/test_verl_main_ppo.py",
+    "faults/test_verl_engine.py",
+    "inference/test_demo.py",
     "inference/test_real_causes.py",
     "analysis/test_compare.py",
     "inference/test_real_vllm.py",
-    "faults/test_vllm_and_analysis.py",
     "analysis/test_compare_moe.py",
-    "faults/test_verl_engine.py",
+    "faults/test_vllm_and_analysis.py",
+    "inference/test_real_rl_loop.py",
     "training/test_verl_fsdp_engine.py",
     "training/test_real_megatron.py",
     "analysis/test_compare_sglang.py",

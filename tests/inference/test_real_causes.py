@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.rl_loop import FP32_GAP, LoopRun, run_demo, run_loop
+from support.rl_loop import FP32_GAP, LoopRun, largest_gap, oracle_log_probs, reference_model, run_demo, run_loop
+from support.verl_runs import HANG_LIMIT_S
 
 from cpu_kit.rl_loop import token_gaps
 from msprobe_hooks.cli import main
@@ -52,38 +53,13 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     out = tmp_path_factory.mktemp("demo-causes") / "out"
-    return Demo(out, run_demo("demo_causes.sh", out, hang_limits=2))
+    return Demo(out, run_demo("demo_causes.sh", out, 2 * HANG_LIMIT_S))
 
 
 @pytest.fixture(scope="module")
 def reference(demo: Demo) -> torch.nn.Module:
     """The demo's checkpoint in transformers, fp32: the oracle's model."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(demo.out / "inputs" / "model", dtype=torch.float32).eval()
-
-
-def oracle_log_probs(
-    model: torch.nn.Module,
-    sample: dict,
-    temperature: float = TRAIN_TEMPERATURE,
-    *,
-    fed: str = "prompt_token_ids",
-    head_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """log_softmax(logits / temperature) of the sample's response tokens after its prompt ``fed`` (training's, or
-    ``rollout_prompt_token_ids``: what the rollout was fed), by transformers' forward of those ids, the lm_head
-    applied in ``head_dtype`` (as vLLM's logits processor applies a ``head_dtype``: both operands cast)."""
-    prompt, response = sample[fed], sample["response_token_ids"]
-    with torch.no_grad():
-        hidden = model.model(torch.tensor([prompt + response])).last_hidden_state[0]
-        hidden = hidden[len(prompt) - 1 : len(prompt) - 1 + len(response)]
-        logits = torch.nn.functional.linear(hidden.to(head_dtype), model.lm_head.weight.to(head_dtype)).float()
-    return torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(response)[:, None])[:, 0]
-
-
-def largest_gap(values: torch.Tensor, logged: list[float]) -> float:
-    return float((values - torch.tensor(logged)).abs().max())
+    return reference_model(demo.out / "inputs" / "model")
 
 
 def token_gap(samples: list[dict]) -> float:
@@ -186,12 +162,12 @@ def rope_and_token(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> Repo
 @pytest.fixture(scope="module")
 def rope_reference(demo: Demo) -> torch.nn.Module:
     """The checkpoint in transformers with the rollout's rope theta: the oracle of the rollout's configuration."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     model = demo.out / "inputs" / "model"
     config = AutoConfig.from_pretrained(model)
     config.rope_parameters = {**config.rope_parameters, "rope_theta": ROPE_THETA}
-    return AutoModelForCausalLM.from_pretrained(model, config=config, dtype=torch.float32).eval()
+    return reference_model(model, config=config)
 
 
 def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: Report, reference) -> None:

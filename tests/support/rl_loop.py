@@ -14,11 +14,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from support import REPO
 from support.interpreter import clean_env, shim_env
 from support.real_vllm import VLLM_PYTHON
-from support.verl_runs import HANG_LIMIT_S
 from support.vllm_standin import dispatch_log, dump_of, read_log
 
 LOOP = REPO / "cpu_kit" / "rl_loop.py"
@@ -106,11 +108,60 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
     return LoopRun.of(work)
 
 
-def run_demo(script: str, out: Path, hang_limits: int) -> str:
-    """An ``examples/`` demo script as the Makefile runs it (the two venvs' bin folders, the output folder ``out``),
-    in a clean environment, within ``hang_limits`` of :data:`HANG_LIMIT_S`; what it printed on the terminal."""
+def run_demo(script: str, out: Path, timeout_s: float, *more_bins: Path) -> str:
+    """An ``examples/`` demo script as the Makefile runs it (the two venvs' bin folders, then ``more_bins``, then the
+    output folder ``out``), in a clean environment, within ``timeout_s``; what it printed on the terminal."""
     train_bin, vllm_bin = Path(sys.executable).parent, VLLM_PYTHON.parent
-    command = ["bash", str(REPO / "examples" / script), str(train_bin), str(vllm_bin), str(out)]
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=hang_limits * HANG_LIMIT_S)
+    command = ["bash", str(REPO / "examples" / script), str(train_bin), str(vllm_bin), *map(str, more_bins), str(out)]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
+
+
+def oracle_log_probs(
+    model: torch.nn.Module,
+    sample: dict,
+    temperature: float = 1.0,
+    *,
+    fed: str = "prompt_token_ids",
+    head_dtype: torch.dtype = torch.float32,
+    decode_fault: tuple[str, float] | None = None,
+) -> torch.Tensor:
+    """log_softmax(logits / temperature) of the sample's response tokens after its prompt ``fed`` (training's, or
+    ``rollout_prompt_token_ids``: what the rollout was fed), by transformers' forward of those ids, the lm_head
+    applied in ``head_dtype`` (as vLLM's logits processor applies a ``head_dtype``: both operands cast).
+
+    ``decode_fault`` (MODULE, FACTOR): MODULE's output scaled by FACTOR at the positions vLLM feeds in decode steps
+    (every position after the prompt; a prefill feeds the prompt): what the CPU kit's decode-fault plugin computes.
+    """
+    prompt, response = sample[fed], sample["response_token_ids"]
+    hooks = []
+    if decode_fault is not None:
+        name, factor = decode_fault
+
+        def scale_decode_positions(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            scaled = output.clone()
+            scaled[:, len(prompt) :] *= factor
+            return scaled
+
+        hooks.append(model.get_submodule(name).register_forward_hook(scale_decode_positions))
+    try:
+        with torch.no_grad():
+            hidden = model.model(torch.tensor([prompt + response])).last_hidden_state[0]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    hidden = hidden[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+    logits = torch.nn.functional.linear(hidden.to(head_dtype), model.lm_head.weight.to(head_dtype)).float()
+    return torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+def reference_model(folder: Path, **overrides: Any) -> torch.nn.Module:
+    """A checkpoint folder in transformers, fp32, eval: the oracle's model (``overrides`` go to ``from_pretrained``)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **overrides).eval()
+
+
+def largest_gap(values: torch.Tensor, logged: list[float]) -> float:
+    return float((values - torch.tensor(logged)).abs().max())

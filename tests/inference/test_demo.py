@@ -1,11 +1,11 @@
-"""``make demo-main-ppo`` (``examples/demo_main_ppo.sh``) as the Makefile runs it: verl's own ``python3 -m
-verl.trainer.main_ppo``, end to end on CPU with the hooks on from the environment.
+"""``make demo`` (``examples/demo.sh``) as the Makefile runs it: verl's own ``python3 -m verl.trainer.main_ppo``, end
+to end on CPU with the hooks on from the environment, then a decode-only fault in the CPU kit's RL loop.
 
-Two runs of two global steps, launched by :mod:`cpu_kit.main_ppo` in ``.venv-verl-e2e`` (``make install-verl-e2e``):
-Ray, the agent loop, vLLM CPU as an async rollout server, the FSDP2 actor, the weight sync after every step. The
-hooks come from the environment only: the shim first on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1``, the msprobe configs
-of both sides; verl's own preflight passes on the recipe's overrides the launcher starts with. Each run is then
-aligned and compared by the script, as a user does.
+Two ``main_ppo`` runs of two global steps, launched by :mod:`cpu_kit.main_ppo` in ``.venv-verl-e2e``
+(``make install-verl-e2e``): Ray, the agent loop, vLLM CPU as an async rollout server, the FSDP2 actor, the weight sync
+after every step. The hooks come from the environment only: the shim first on PYTHONPATH, ``DUMP_ON=1 PROMPTS_ONLY=1``,
+the msprobe configs of both sides; verl's own preflight passes on the recipe's overrides the launcher starts with.
+Each run is then aligned and compared by the script, as a user does.
 
 * ``healthy``: the v1 trainer (TransferQueue), fp32 on both sides. ``align`` pairs every sample with its prefill,
   ``compare`` finds no divergence at any step and names no cause.
@@ -16,26 +16,34 @@ aligned and compared by the script, as a user does.
 In both, the gap log agrees with verl's own ``training/rollout_probs_diff_*`` of the same steps. A run takes ~3-5
 min on 2 cores; the launcher kills the whole process group at its timeout (a failed weight sync hangs rather than
 exits).
+
+* ``decode_fault``: what ``main_ppo`` cannot show, one global step of ``cpu_kit/rl_loop.py`` with the CPU kit's vLLM
+  plugin scaling ``demo_inputs.PERTURBED_MODULE``'s output in decode-only steps (``CPU_KIT_DECODE_FAULT``; tensor
+  mode, ``DUMP_SEQUENCES=1`` so each response token's rows can be cut). Its ground truth is transformers' forward of
+  the same tokens with that module scaled at the positions decode steps feed: the rollout's log-probs equal it, the
+  trainer's equal the clean forward; the report must name the module on the decode path.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas
 import pytest
 from support import REPO
-from support.interpreter import clean_env
-from support.rl_loop import FP32_GAP
+from support.pages import figures_drawn, rendered
+from support.rl_loop import FP32_GAP, LoopRun, largest_gap, oracle_log_probs, reference_model, run_demo
+from support.verl_runs import HANG_LIMIT_S
 from support.vllm_standin import read_log
 
+from cpu_kit import demo_inputs
 from cpu_kit.main_ppo import TIMEOUT_S
 from cpu_kit.main_ppo import Run as MainPpoRun
-from msprobe_hooks.analysis.results import Verdict
+from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
+from msprobe_hooks.analysis.results import CausePath, Verdict
 
 pytestmark = pytest.mark.engine  # runs the real engines (make test-fast leaves it out)
 
@@ -74,26 +82,23 @@ class Launch:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """``examples/demo_main_ppo.sh`` as the Makefile runs it: its output folder and what it printed."""
+    """``examples/demo.sh`` as the Makefile runs it: its output folder and what it printed."""
     assert VERL_E2E_PYTHON.exists(), f"{VERL_E2E_PYTHON} is missing: build it with `make install-verl-e2e`"
-    out = tmp_path_factory.mktemp("main-ppo") / "out"
-    command = ["bash", str(REPO / "examples" / "demo_main_ppo.sh"), str(VERL_E2E_PYTHON.parent), str(out)]
-    # Each run's launcher kills main_ppo's process group at TIMEOUT_S; this bound is for the script itself.
-    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=2 * (TIMEOUT_S + 120))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, done.stdout
+    out = tmp_path_factory.mktemp("demo") / "out"
+    # Each main_ppo launcher kills its process group at TIMEOUT_S; the RL loop's act is bounded by HANG_LIMIT_S.
+    return out, run_demo("demo.sh", out, 2 * (TIMEOUT_S + 120) + HANG_LIMIT_S, VERL_E2E_PYTHON.parent)
 
 
 @pytest.fixture(scope="module")
 def healthy(demo) -> Launch:
     """The v1 trainer, the same weights on both sides, fp32 both."""
-    return Launch("v1", MainPpoRun.of(demo[0] / "healthy"), demo[1])
+    return Launch("v1", MainPpoRun.of(demo[0] / "main_ppo" / "healthy"), demo[1])
 
 
 @pytest.fixture(scope="module")
 def bf16(demo) -> Launch:
     """The legacy trainer, its FSDP mixed precision at verl's default (a bf16 forward), vLLM in fp32."""
-    return Launch("legacy", MainPpoRun.of(demo[0] / "bf16"), demo[1])
+    return Launch("legacy", MainPpoRun.of(demo[0] / "main_ppo" / "bf16"), demo[1])
 
 
 @pytest.fixture(scope="module", params=["healthy", "bf16"])
@@ -111,7 +116,7 @@ def analysed(run: Launch) -> tuple[pandas.DataFrame, str, dict]:
 
 def test_the_demo_answers_each_run_in_one_line(demo) -> None:
     causes = [line.split(":", 2)[1] for line in demo[1].splitlines() if line.startswith("cause: ")]
-    assert causes == [" none", " precision"], demo[1][-3000:]
+    assert causes == [" none", " precision", " module (decode)"], demo[1][-3000:]
 
 
 def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(launched: Launch) -> None:
@@ -168,3 +173,57 @@ def test_the_gap_log_is_verls_own_rollout_probs_diff(launched: Launch) -> None:
 def test_the_healthy_runs_gap_is_fp32_noise(healthy: Launch) -> None:
     # fp32 on both sides, the weights synced every step, the tokenizer filling the vocabulary (docs/verl-main-ppo.md)
     assert max(gap["max"] for gap in healthy.gap_log()) < FP32_GAP
+
+
+# --- act 3: the decode-only fault in the CPU kit's RL loop -------------------------------------------------------
+
+DECODE_FAULT = (f"model.{demo_inputs.PERTURBED_MODULE}", demo_inputs.PERTURBATION)  # the plugin's MODULE:FACTOR
+STEPS_PER_ROLLOUT = sum(RESPONSE_LENGTHS)  # one request at a time: a prefill, then a decode per further token
+
+
+@pytest.fixture(scope="module")
+def decode_fault(demo) -> LoopRun:
+    return LoopRun.of(demo[0] / "decode_fault")
+
+
+def test_the_decode_fault_changes_decode_steps_only(demo, decode_fault: LoopRun) -> None:
+    reference = reference_model(demo[0] / "inputs" / "model")
+    (step,) = decode_fault.steps
+    assert [len(s["response_token_ids"]) for s in step["samples"]] == list(RESPONSE_LENGTHS)
+    for sample in step["samples"]:
+        # The oracle: the trainer's log-probs are transformers' of the checkpoint; the rollout's, transformers' with
+        # the module scaled at the positions decode steps feed: the first response token (from the prefill) clean,
+        # every later one (from a decode step) moved, far beyond fp32 noise.
+        assert largest_gap(oracle_log_probs(reference, sample), sample["training_log_probs"]) < FP32_GAP
+        faulted = oracle_log_probs(reference, sample, decode_fault=DECODE_FAULT)
+        assert largest_gap(faulted, sample["rollout_log_probs"]) < FP32_GAP
+        first, *later = token_gaps(sample)
+        assert first < FP32_GAP and min(later) > FP32_GAP, token_gaps(sample)
+    dispatch = decode_fault.dispatch_log()
+    assert len(dispatch) == STEPS_PER_ROLLOUT and all(line["num_requests"] == 1 for line in dispatch)
+
+
+def test_the_report_traces_the_decode_faults_gap_to_the_decode_path(demo) -> None:
+    report = demo[0] / "decode_fault" / "report"
+    found = pandas.read_csv(report / "pairs.csv", keep_default_na=False)
+    prefill, decode = found[found["kind"] == "prefill"], found[found["kind"] == "decode"]
+    module = demo_inputs.PERTURBED_MODULE
+    assert len(prefill) == len(demo_inputs.PROMPT_LENS)
+    assert set(prefill["verdict"]) == {Verdict.NO_DIVERGENCE.value}  # the prompts' forwards agree
+    # Every response token after the first comes from a decode step, each one paired and each named.
+    assert len(decode) == STEPS_PER_ROLLOUT - len(demo_inputs.PROMPT_LENS)
+    assert set(decode["verdict"]) == {Verdict.DIVERGES.value}
+    assert set(decode["first_module"] + " " + decode["first_io"]) == {f"{module} output"}
+    samples = pandas.read_csv(report / "samples.csv")
+    assert len(samples) == len(demo_inputs.PROMPT_LENS)
+    assert set(samples["path"]) == {CausePath.DECODE.value}
+    assert (samples["gap_max"] > FP32_GAP).all()  # the symptom the cause is given for
+    diagnosis = json.loads((report / "diagnosis.json").read_text())
+    assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("module", "decode", module)
+    assert figures_drawn(rendered(report / "index.html")) == 2  # the depth plot and the decode heatmap
+
+
+def test_the_engines_chatter_is_in_the_log_files_not_on_the_terminal(demo) -> None:
+    out, printed = demo
+    assert "Dump switch is turned on" not in printed
+    assert "Dump switch is turned on" in (out / "logs" / "decode_fault.log").read_text()

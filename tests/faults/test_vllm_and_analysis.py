@@ -32,9 +32,12 @@ from .verl_faults import tmpfs
 
 
 def run_vllm(tmp: Path, model: Path, prompts: Path, config: str, faults: str = "", **env: str) -> tuple[int, str]:
-    """``examples/vllm_generate.py`` with DUMP_ON=1 and ``faults`` injected in every process; (status, output)."""
+    """``examples/vllm_generate.py`` with DUMP_ON=1 and ``faults`` injected; (status, output). vLLM's engine core and
+    worker run in the script's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one interpreter start, not three; the
+    shim in spawned workers is ``tests/inference/test_real_vllm.py``'s)."""
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
     variables = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": config, "MSPROBE_HOOKS_OUTPUT_DIR": str(tmp), **env}
+    variables.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     environ = engine_env(rpc, FAULT_INJECT=faults, **variables)
     environ["PYTHONPATH"] += os.pathsep + str(fm.FAULT_SITE)
     command = [str(VLLM_PYTHON), str(EXAMPLES / "vllm_generate.py"), str(model), str(prompts)]

@@ -2,10 +2,12 @@
 
 One scenario, run by four engines (each start costs ~20 s, so each engine serves many tests):
 hooks off (the baseline); dumping every step but one at task ``tensor`` (the step filter), with
-vLLM's random request-id suffix; with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`` and msprobe's
-``request_id`` filter; and a non-eager engine. How vLLM packs a step depends on when each request
-reaches the engine core (another process), so the tests check invariants of every line against the
-dumped tokens, not a fixed packing. A fifth, with the engine core in the test's process, preempts a request,
+vLLM's random request-id suffix, the engine core and its worker spawned as vLLM does by default (the shim must
+reach them through the environment); with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1`` and msprobe's
+``request_id`` filter; and a non-eager engine. The baseline and the opt-out run vLLM's engine core in the child's
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one interpreter start, not three). How vLLM packs a step depends on
+when each request reaches the engine core (another process), so the tests check invariants of every line against
+the dumped tokens, not a fixed packing. A fifth, with the engine core in the test's process, preempts a request,
 and records in engine.jsonl / requests.jsonl a bf16 model, an fp8 KV cache, an fp32 lm_head and sampled
 requests. The stand-in tests (``test_vllm_*.py``) keep what cannot run
 here: other vLLM versions, GPU-only paths (CUDA graphs, Model Runner V2), vLLM-Ascend, fault injection.
@@ -70,7 +72,7 @@ def _run(tmp_path_factory: pytest.TempPathFactory, name: str, model_dir: str, **
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory, model_dir) -> EngineRun:
-    run = _run(tmp_path_factory, "baseline", model_dir)
+    run = _run(tmp_path_factory, "baseline", model_dir, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -92,16 +94,15 @@ def opted_out(tmp_path_factory, model_dir) -> tuple[EngineRun, Path]:
     work = tmp_path_factory.mktemp("opted_out")
     config = msprobe_config(work / "generate.json", work / "gen", task="tensor", tensor={"request_id": FILTERED})
     env = {"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config), "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION": "1"}
-    run = run_engine(work, {**SCENARIO, "model": model_dir}, **env)
+    run = run_engine(work, {**SCENARIO, "model": model_dir}, VLLM_ENABLE_V1_MULTIPROCESSING="0", **env)
     assert run.returncode == 0, run.stderr[-4000:]
     return run, work / "gen"
 
 
 def worker_log(run: EngineRun, root: Path) -> tuple[int, list[dict]]:
-    """The one worker that wrote under ``root`` (not the main process) and its dispatch log."""
+    """The one process that wrote under ``root`` (vLLM's worker) and its dispatch log."""
     (folder,) = root.iterdir()
     pid = int(folder.name)
-    assert pid != run.report["pid"]
     return pid, dispatch_log(root, pid)
 
 
@@ -125,6 +126,7 @@ def test_hooks_off_write_nothing(baseline):
 def test_the_patch_applies_in_the_spawned_worker_with_the_cpu_builds_version(dumped):
     run, root = dumped
     pid, lines = worker_log(run, root)
+    assert pid != run.report["pid"]  # a spawned process, reached through the environment
     assert f"[msprobe-hooks {pid}] INFO applied patch vllm.model_runner to vllm 0.32.0" in run.stderr
     assert {(line["engine"], line["engine_version"], line["pid"], line["rank"]) for line in lines} == {
         ("vllm", "0.32.0", pid, 0)

@@ -12,8 +12,6 @@ Run by the tests as ``python tests/support/verl_engine_child.py '<json spec>'`` 
 * ``padding_on_rank``: this rank's last sample gets a verl padding uid (``pad…``);
 * ``trimmed``: the log-prob passes' batches cut to their prompts by the library's own v1 trim
   (``prompts_only.trim_jagged``, what the trainer runs before old_log_prob in trim mode); updates keep theirs;
-* ``block_msprobe``: make ``import msprobe`` fail, as in an environment without it;
-* ``fail_msprobe_start``: make msprobe's ``PrecisionDebugger.start`` raise, as a broken msprobe would;
 * ``capture_logits``: record the logits of every root-module forward of ``actor.log_prob`` (Megatron: ``[b, s, v]``),
   as float, and the dtype the forward gave them in (the op's ``logits_dtype``);
 * ``temperature``: the temperature the batches hand the engine (verl's ``temperature`` field; default 1.0);
@@ -39,16 +37,6 @@ import os
 import sys
 
 SPEC = json.loads(sys.argv[1])
-if SPEC.get("block_msprobe"):
-    sys.modules["msprobe"] = None  # type: ignore[assignment]  # ``import msprobe`` now raises ImportError
-if SPEC.get("fail_msprobe_start"):
-    from msprobe.pytorch import PrecisionDebugger
-
-    def _failing_start(self, *args, **kwargs):
-        raise RuntimeError("PrecisionDebugger.start failed (made to fail by the test)")
-
-    PrecisionDebugger.start = _failing_start
-
 
 # Run as a file: the repository root (cpu_kit) and tests/ (support) go on sys.path.
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

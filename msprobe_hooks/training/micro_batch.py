@@ -8,6 +8,8 @@ verl at import time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -187,11 +189,36 @@ def describe_samples(micro_batch: Any) -> list[SampleInfo]:
     ]
 
 
+# The trainer's global step as the v0 trainer's patch stamps it on the log-prob pass's batch (``trainer_step_on``).
+TRAINER_STEP = "msprobe_hooks_global_step"
+
+
+@contextmanager
+def trainer_step_on(batch: Any, step: Any) -> Iterator[None]:
+    """``step`` on a DataProto's ``meta_info`` for the length of the block, then taken off again.
+
+    verl's legacy trainer stamps no global step on the batch before its log-prob pass: the batch's per-sample
+    ``global_steps`` there is the rollout's (the version of the weights that generated it, the step before). Its own
+    key: ``meta_info["global_steps"]`` would clash with that per-sample field in ``DataProto.to_tensordict``.
+    """
+    meta = getattr(batch, "meta_info", None)
+    if step is None or not isinstance(meta, dict):
+        yield
+        return
+    meta[TRAINER_STEP] = step
+    try:
+        yield
+    finally:
+        meta.pop(TRAINER_STEP, None)
+
+
 def global_step_of(micro_batch: Any) -> Any:
-    """The trainer's global step: NonTensorData in v0, a per-sample field in v1."""
+    """The trainer's global step: stamped by the v0 trainer's patch, else verl's ``global_steps`` (NonTensorData in
+    v0, a per-sample field in v1)."""
     from verl.utils import tensordict_utils as tu
 
-    return _first(tu.get(micro_batch, "global_steps"))
+    stamped = tu.get(micro_batch, TRAINER_STEP)
+    return _first(stamped if stamped is not None else tu.get(micro_batch, "global_steps"))
 
 
 def _one_row(piece: Any, like: Any) -> Any:

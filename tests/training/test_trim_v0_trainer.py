@@ -7,8 +7,10 @@ converted back. The early returns are checked on verl's real functions, as ``fit
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
+import numpy as np
 import pytest
 from support import STANDINS
 from support.verl_batches import PROMPTS, RESPONSE_WIDTH, RESPONSES, v0_batch
@@ -79,6 +81,21 @@ def test_without_trim_the_batch_and_the_metrics_are_verls_own(raw):
     assert debug_metrics["training/rollout_probs_diff_valid"] == 1
     assert correction_metrics  # computed by verl
     assert "rollout_is_weights" in corrected.batch
+
+
+@pytest.mark.parametrize("dump_on", [True, False])
+def test_the_actor_sees_the_trainers_global_step_not_the_rollouts(dump_on):
+    """verl's v0 trainer stamps no step before the log-prob pass; the per-sample ``global_steps`` is the rollout's
+    weights' version, the step before. With the hooks on, the actor sees the trainer's, and the batch is as it was."""
+    trainer = _trainer()
+    trainer.global_steps = 7
+    batch, _ = v0_batch(mrope=False)
+    batch.non_tensor_batch["global_steps"] = np.full(len(batch), 6, dtype=object)
+    meta_before = dict(batch.meta_info)
+    with activated(PROMPTS_ONLY="1") if dump_on else contextlib.nullcontext():
+        trainer._compute_old_log_prob(batch)
+    assert trainer.actor_rollout_wg.seen[0]["global_step"] == (7 if dump_on else 6)
+    assert batch.meta_info == meta_before
 
 
 def test_bypass_mode_has_no_old_log_prob_forward_and_is_not_trimmed():

@@ -190,12 +190,17 @@ PATCHES: tuple[Patch, ...] = (
         how="Wraps RayPPOTrainer._compute_old_log_prob: in trim mode the DataProto is cut in place "
         "first (input_ids, attention_mask, position_ids lose the response columns; responses, "
         "response_mask, rollout_log_probs become empty), so fit() goes on with the prompt-only batch. "
-        "Not in bypass mode (no old_log_prob forward there).",
+        "Not in bypass mode (no old_log_prob forward there). In every mode, for the call, the trainer's "
+        "global_steps rides on the batch's meta_info under msprobe_hooks_global_step (taken off after): this "
+        "trainer stamps no step before the pass, and the batch's per-sample global_steps is the rollout's weights' "
+        "version, the step before.",
         retire_when="verl gains a prompt-only switch for the log-prob pass (none as of 0.9.1).",
         contract=(
             Method(_RAY_TRAINER, "RayPPOTrainer._compute_old_log_prob", ("self", "batch")),
             Attribute(_RAY_TRAINER, "RayPPOTrainer", "config"),
             Attribute("verl.protocol", "DataProto", "batch"),
+            Attribute(_RAY_TRAINER, "RayPPOTrainer", "global_steps"),
+            Attribute("verl.protocol", "DataProto", "meta_info"),
         ),
     ),
     Patch(

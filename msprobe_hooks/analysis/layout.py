@@ -5,6 +5,7 @@
     {training root}/{pid}/update_actor_log.jsonl       one per training process (join_keys.TRAINING_LOG)
     {training root}/{pid}/logprob_gap.jsonl            beside it, from the log-prob pass (GAP_LOG)
     {training root}/step{N}/rank{R}/dump.json          msprobe's: the training root is its dump root
+    {training root}/rank{R}.writer                     the process that dumps rank R there (training.rank_claim)
     {generate root}/{pid}/dispatch_log.jsonl           one per inference process (DISPATCH_LOG)
     {generate root}/{pid}/routed_experts.jsonl         beside it, MSPROBE_HOOKS_ROUTING=1 (ROUTED_EXPERTS_LOG)
     {generate root}/{pid}/engine.jsonl                 beside it, once per model load: numerics settings (ENGINE_LOG)

@@ -163,6 +163,7 @@ class Unpaired(_Text):
     )
     NO_JOIN_KEY = "no join key"  # neither a request id nor a prompt hash
     DUMP_UNREADABLE = "dump unreadable"  # its dump.json is missing or unreadable (named on stderr)
+    OVERWRITTEN = "written by two processes"  # two processes' logs name its step folder: one overwrote the other
     NO_COUNTERPART = "no counterpart"  # nothing on the other side carries its key
 
 

@@ -34,7 +34,7 @@ from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
-from msprobe_hooks.training import engine_record, logprob_gap
+from msprobe_hooks.training import engine_record, logprob_gap, rank_claim
 from msprobe_hooks.training.micro_batch import (
     SampleInfo,
     describe_samples,
@@ -104,6 +104,7 @@ class ActorDumper:
         self._engine_log = engine_record.EngineLog(lambda cfg: self.dump_root(cfg)[1])
         self._root: tuple[str, str] | None = None  # (actor config path, training dump root)
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
+        self._rank_claimed = False  # the dump root's rank claimed at the first line (rank_claim)
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -323,6 +324,12 @@ class ActorDumper:
             join_keys.PROMPT_HASH_VERSION_FIELD: join_keys.PROMPT_HASH_VERSION,
             "time": join_keys.clock(),
         }
+        if not self._rank_claimed:  # the rank is known from the first recorded step on
+            self._rank_claimed = True
+            root = debugger_module.dump_root(debugger)
+            other = window.patch.guarded("claiming the dump root's rank", rank_claim.claim, root, record["rank"])
+            if other:
+                logger().warning(other)
         assert self._log is not None
         try:
             self._log.write(record)

@@ -436,6 +436,31 @@ def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_
     assert table(out) == {"dump unreadable": (1, 1)}
 
 
+def test_two_processes_writing_one_rank_are_named_and_their_folders_never_paired(training, gen, tmp_path, align):
+    # A second job on the same dump root (or a second process that also took rank 0) wrote step0/rank0 and
+    # step1/rank0 over the first one's: msprobe names the folders by rank only.
+    train = tmp_path / "actor"
+    shutil.copytree(training, train)
+    (log,) = train.glob("*/update_actor_log.jsonl")
+    other = train / "99999" / log.name
+    other.parent.mkdir()
+    other.write_text(
+        "".join(json.dumps({**json.loads(line), "pid": 99999}) + "\n" for line in log.read_text().splitlines()[:2])
+    )
+    for n, sample in enumerate(SAMPLES):
+        gen.step(n, [full_prefill(sample)])
+    status, out, err, found = align(train, gen.root, tmp_path / "pairs.jsonl")
+    assert status == 0, err
+    assert [p["key"] for p in found] == ["req-uid-2", "req-uid-3"]  # the folders one process alone wrote
+    first_pid = json.loads(log.read_text().splitlines()[0])["pid"]
+    (named,) = [line for line in err.splitlines() if "written by 2 processes" in line]
+    assert f"pid {first_pid} ({log})" in named and f"pid 99999 ({other})" in named
+    assert (
+        str(train / "step0" / "rank0" / "dump.json") in named and str(train / "step1" / "rank0" / "dump.json") in named
+    )
+    assert table(out)["written by two processes"] == (4, 0)
+
+
 def test_pairs_paths_relative_to_the_pairs_file_resolve_after_a_move(training, gen, tmp_path, align):
     job = tmp_path / "job"
     shutil.copytree(training, job / "actor")

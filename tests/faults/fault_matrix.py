@@ -64,6 +64,7 @@ CELLS: dict[str, tuple[str, ...]] = {
     "fork, spawn and forkserver children": (LOGS,),
     "SIGKILL mid-write": (LOGS,),
     "two processes, one dump root": (LOGS,),
+    "two jobs writing one rank's step folders": (VERL_FSDP, ALIGN),
     "bad environment variable": (START_UP,),
     "truncated log": (ALIGN,),
     "corrupted log line": (ALIGN,),
@@ -82,6 +83,7 @@ NO_STRICT_FAULTS = {
     "fork, spawn and forkserver children",
     "SIGKILL mid-write",
     "two processes, one dump root",
+    "two jobs writing one rank's step folders",  # named, never raised: each job's own dumps go on
 }
 
 

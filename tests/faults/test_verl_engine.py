@@ -12,10 +12,14 @@ naming the fault.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from support import golden
 from support.verl_runs import EngineRun, run_engine, write_config
+
+from msprobe_hooks.cli import main
 
 from . import fault_matrix as fm
 from .verl_faults import BOTH, SPEC, Engine, assert_stopped, assert_unchanged, faulted, tmpfs
@@ -176,6 +180,42 @@ def test_double_activation_dumps_each_step_once(tmp_path, model_dir, baseline):
         lines = run.log_lines()
         assert [line["step"] for line in lines] == run.steps() and len(lines) == 4 + 2 + 4  # prompts, update, prompts
         fm.check_logs(run.dump_root, tally)
+
+
+def test_two_jobs_on_one_dump_root_are_named_and_their_folders_never_paired(
+    tmp_path, model_dir, baseline, capsys, hook_warnings
+):
+    # msprobe names step folders by rank only: the second job overwrites the first's step{N}/rank0.
+    root = tmp_path / "shared"
+    with fm.cell("two jobs writing one rank's step folders", fm.VERL_FSDP, fm.ALIGN) as tally:
+        first, second = (
+            faulted(tmp_path / job, model_dir, "", MSPROBE_HOOKS_OUTPUT_DIR=str(root), **BOTH)
+            for job in ("first", "second")
+        )
+        tally.runs += 2
+        assert_unchanged(first, baseline)
+        assert_unchanged(second, baseline)
+        assert fm.our_lines(first.stderr) == []
+        (line,) = fm.our_lines(second.stderr)
+        holder, writer = (int(re.search(rf"{what} pid (\d+)", line).group(1)) for what in ("written by", "process is"))
+        assert {holder, writer} == {entry["pid"] for entry in _log_lines(root / "actor")}, line
+        assert f"[msprobe-hooks {holder}]" in first.stderr and "rank 0, is also written by" in line
+        fm.check_logs(root, tally)
+        # align names both processes and pairs none of the folders both wrote (every one of them here): nothing.
+        pairs = tmp_path / "pairs.jsonl"
+        assert main(["align", str(root / "actor"), str(golden.GOLDEN / "vllm" / "generate"), "-o", str(pairs)]) == 1
+        (named,) = [warning for warning in hook_warnings() if "processes" in warning]
+        assert f"pid {holder} (" in named and f"pid {writer} (" in named, named
+        count = len(_log_lines(root / "actor"))
+        assert (
+            f"nothing paired (of {count} training dumps: {count} written by two processes)" in capsys.readouterr().err
+        )
+
+
+def _log_lines(root: Path) -> list[dict]:
+    return [
+        json.loads(line) for path in root.glob("*/update_actor_log.jsonl") for line in path.read_text().splitlines()
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ gives decode pairs too: each response token after the first against the inferenc
 from (a decode row, or the last row of a recompute after a preemption), wherever a packed step put that
 row; and its prompt's rows against a packed full prefill.
 
-What is not paired is counted by reason, per side.
+What is not paired is counted by reason, per side. A training dump two processes' logs name (two jobs on one
+dump root, two processes that both took a rank: msprobe names step folders by rank only) is never paired.
 
 :func:`pair_logs` runs the parts: :mod:`.candidates` (the logs read into an index), :mod:`.prefill` and
 :mod:`.decode` (the two joins, over what :mod:`.join` holds for both), :mod:`.unpaired` (the generate side's
@@ -32,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from msprobe_hooks.analysis.dumpfile import DumpProbe
-from msprobe_hooks.analysis.pairing.candidates import CandidateIndex, line_key
+from msprobe_hooks.analysis.pairing.candidates import CandidateIndex, line_key, train_dump
 from msprobe_hooks.analysis.pairing.decode import DecodeJoin
 from msprobe_hooks.analysis.pairing.join import BACKENDS, Join
 from msprobe_hooks.analysis.pairing.pairs import Pair
@@ -80,6 +81,9 @@ def pair_logs(
     prefill, decode = PrefillJoin(join), DecodeJoin(join)
     for dump in index.trains:
         result.train_total += 1
+        if train_dump(dump) in index.overwritten:
+            result.train_unpaired[Unpaired.OVERWRITTEN] += 1
+            continue
         outcome: list[Pair] | Pair | Unpaired = prefill.match(dump)
         if outcome in (Unpaired.NOT_PROMPT_ONLY, Unpaired.MULTI_REQUEST):  # whole sequences, or several prompts
             outcome = decode.match(dump) or outcome

@@ -2,12 +2,13 @@
 
 Prefill rows by request id and by prompt hash; rows that sample a response token (decode rows, a recompute's
 prefill) by request id; every key either log names; the training dumps and the global steps' times, by which
-an inference step belongs to a rollout round. Where each line's ``dump.json`` is.
+an inference step belongs to a rollout round. Where each line's ``dump.json`` is, and which of them two processes
+wrote.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +123,7 @@ class CandidateIndex:
     train_bases: set[str] | None = field(default_factory=set)
     rounds: Rounds = field(default_factory=Rounds)
     _train_identities: dict[tuple[str, Any], set[Any]] = field(default_factory=dict)  # (hash, global step) -> samples
+    overwritten: set[str] = field(default_factory=set)  # training dumps two processes' logs name (never paired)
 
     @classmethod
     def read(cls, train_logs: list[str], dispatch_logs: list[str], warn: Warn) -> CandidateIndex:
@@ -129,6 +131,7 @@ class CandidateIndex:
         for path in train_logs:
             for dump in read_training(path, warn):
                 index._add_train(dump)
+        index._find_shared_folders(warn)
         for path in dispatch_logs:
             for step in read_dispatch(path, warn):
                 index._add_step(step)
@@ -143,6 +146,30 @@ class CandidateIndex:
         if dump.prompt_hash is not None:
             self._train_identities.setdefault((dump.prompt_hash, dump.global_step), set()).add(dump.identity)
         self.rounds.note(dump)
+
+    def _find_shared_folders(self, warn: Warn) -> None:
+        """The training dumps that two processes' logs name. msprobe names its step folders by rank only, so two jobs
+        on one dump root, or two processes that both took rank 0, write the same ``step{N}/rank{R}`` and the later
+        overwrites the earlier: what such a folder holds cannot be told apart, and none of it is paired."""
+        logs_of: dict[str, set[str]] = defaultdict(set)
+        pid_of: dict[str, int | None] = {}
+        for dump in self.trains:
+            logs_of[train_dump(dump)].add(dump.log)
+            pid_of[dump.log] = dump.pid
+        shared: dict[frozenset[str], list[str]] = defaultdict(list)
+        for folder, logs in logs_of.items():
+            if len(logs) > 1:
+                shared[frozenset(logs)].append(folder)
+        for writers_logs, dumps in shared.items():
+            writers = ", ".join(f"pid {pid_of[log]} ({log})" for log in sorted(writers_logs))
+            shown = ", ".join(sorted(dumps)[:3]) + (f" and {len(dumps) - 3} more" if len(dumps) > 3 else "")
+            warn(
+                f"{len(dumps)} training dump(s) written by {len(writers_logs)} processes, {writers}: {shown}; "
+                "msprobe names "
+                "its step folders by rank only, so one process overwrote the other's (two jobs on one dump root, or "
+                "two processes that both took that rank): not paired"
+            )
+            self.overwritten.update(dumps)
 
     def _add_step(self, step: GenerateStep | DecodeStep) -> None:
         if isinstance(step, DecodeStep):

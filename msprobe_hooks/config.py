@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 
 PREFIX = "MSPROBE_HOOKS_"
+SHIM_PACKAGE = "sitecustomize_shim"  # the folder PYTHONPATH names to activate the hooks (cli.launch.shim_dir)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")  # blank is off too

@@ -12,7 +12,7 @@ from msprobe_hooks import config as config_module
 
 def shim_dir() -> str:
     """The folder holding the shim's sitecustomize.py (the value for PYTHONPATH)."""
-    spec = importlib.util.find_spec("sitecustomize_shim")
+    spec = importlib.util.find_spec(config_module.SHIM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the sitecustomize_shim folder is not installed with msprobe_hooks; reinstall msprobe-hooks")
     return os.path.abspath(list(spec.submodule_search_locations)[0])

@@ -6,9 +6,10 @@ config and ``recipe`` prints as overrides; the others check by hand.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from msprobe_hooks.config import LOG_PROB, read_msprobe_config
+from msprobe_hooks.config import LOG_PROB, SHIM_PACKAGE, read_msprobe_config
 from msprobe_hooks.preflight.model import ABSENT, CheckedRun, Layout, Rule, Violation, expect, fixed, hydra_value
 from msprobe_hooks.preflight.vocabulary import (
     ACTOR,
@@ -63,6 +64,32 @@ def _torchdynamo(run: CheckedRun) -> list[Violation]:
                 Violation(f"{name} is {run.environ.get(name, 'unset')}, needs {value}", f"export {name}={value}")
             )
     return violations
+
+
+RAY_ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+def _ray_cluster_apart(run: CheckedRun) -> list[Violation]:
+    """A job that joins a Ray cluster started apart (``ray start``): its workers inherit the cluster's environment,
+    not the driver's, so the hooks reach them only through the job's runtime_env."""
+    address = run.get("ray_kwargs.ray_init.address")
+    if address is ABSENT or address is None:
+        address = run.environ.get("RAY_ADDRESS")
+    if address in (None, "", "local"):
+        return []  # ray.init starts the cluster itself: its workers inherit the driver's environment
+    missing = []
+    if str(run.get(f"{RAY_ENV_VARS}.DUMP_ON")) != "1":
+        missing.append("DUMP_ON=1")
+    pythonpath = str(run.get(f"{RAY_ENV_VARS}.PYTHONPATH"))
+    if not any(os.path.basename(os.path.normpath(p)) == SHIM_PACKAGE for p in pythonpath.split(os.pathsep) if p):
+        missing.append(f"PYTHONPATH with the shim's folder ({SHIM_PACKAGE})")
+    if not missing:
+        return []
+    problem = (
+        f"the job joins the Ray cluster at {address}, started apart: its workers do not inherit this shell's "
+        f"environment, and {RAY_ENV_VARS} lacks {' and '.join(missing)}, so no worker dumps"
+    )
+    return [Violation(problem, 'eval "RAY_ENV=($(msprobe-hooks ray-env))", then add "${RAY_ENV[@]}" to the command')]
 
 
 def _fsdp_parallel(layout: Layout) -> dict[str, object]:
@@ -276,6 +303,14 @@ RULES: tuple[Rule, ...] = (
         "TORCHDYNAMO_DISABLE=1 in the environment (or in ray_kwargs.ray_init.runtime_env.env_vars)",
         "msprobe hooks do not fire inside TorchDynamo-compiled code, so compiled modules are missing from the dump",
         check=_torchdynamo,
+    ),
+    Rule(
+        "ray-runtime-env",
+        "a job joining a Ray cluster started apart (ray_init.address, RAY_ADDRESS) carries the hooks' variables in "
+        "ray_kwargs.ray_init.runtime_env.env_vars (msprobe-hooks ray-env)",
+        "the workers of a cluster started with `ray start` inherit its environment, not the driver's: without "
+        "DUMP_ON and the shim on their PYTHONPATH no worker activates, and the job trains with no dump at all",
+        check=_ray_cluster_apart,
     ),
     Rule(
         "prefix-caching",

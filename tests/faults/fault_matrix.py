@@ -65,6 +65,7 @@ CELLS: dict[str, tuple[str, ...]] = {
     "SIGKILL mid-write": (LOGS,),
     "two processes, one dump root": (LOGS,),
     "two jobs writing one rank's step folders": (VERL_FSDP, ALIGN),
+    "whole job SIGKILLed (trainer and vLLM)": (ALIGN, COMPARE),
     "bad environment variable": (START_UP,),
     "truncated log": (ALIGN,),
     "corrupted log line": (ALIGN,),
@@ -84,6 +85,7 @@ NO_STRICT_FAULTS = {
     "SIGKILL mid-write",
     "two processes, one dump root",
     "two jobs writing one rank's step folders",  # named, never raised: each job's own dumps go on
+    "whole job SIGKILLed (trainer and vLLM)",
 }
 
 

@@ -13,17 +13,29 @@ error answer. Each run starts a vLLM engine (~20-40 s on 2 cores).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas
 import pytest
+from faults import fault_matrix as fm
 from safetensors.torch import load_file
 from support.interpreter import run_python
 from support.pages import figures_drawn, rendered
 from support.real_vllm import VLLM_PYTHON, engine_env
-from support.rl_loop import FP32_GAP, LoopRun, largest_gap, oracle_log_probs, reference_model, run_loop
+from support.rl_loop import (
+    FP32_GAP,
+    LoopRun,
+    kill_loop,
+    largest_gap,
+    log_lines,
+    oracle_log_probs,
+    reference_model,
+    run_loop,
+)
 from support.vllm_standin import dumped_steps
 
 from cpu_kit import demo_inputs
@@ -31,6 +43,7 @@ from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
 from cpu_kit.vllm_engine import EngineError, VllmEngine
 from msprobe_hooks.analysis.results import Verdict
 from msprobe_hooks.cli import main
+from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -48,10 +61,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+SYNC_FAULT = ("--iterations", str(FAULT_STEP), "--drop-tensor", DROPPED, "--at-step", str(FAULT_STEP))
+
+
 @pytest.fixture(scope="module")
 def sync_fault(tmp_path_factory, inputs) -> LoopRun:
-    args = ["--iterations", str(FAULT_STEP), "--drop-tensor", DROPPED, "--at-step", str(FAULT_STEP)]
-    return run_loop(tmp_path_factory.mktemp("sync-fault"), inputs, *args)
+    return run_loop(tmp_path_factory.mktemp("sync-fault"), inputs, *SYNC_FAULT)
 
 
 def test_the_loop_keeps_the_token_gap_at_fp32_noise_until_a_tensor_is_left_out(sync_fault):
@@ -218,3 +233,79 @@ def test_the_report_names_the_tensor_left_out_from_its_step_on(sync_fault, tmp_p
     assert "2 steps before it clean" in printed
     assert list((tmp_path / "tb").iterdir()), "no TensorBoard event file"
     assert figures_drawn(rendered(report / "index.html")) == 2  # the depth plot and the run's heatmap, by the browser
+
+
+# --- the whole job killed ----------------------------------------------------------------------------------------
+
+# Points spread over the run, each a state of the dump tree: the trainer and the vLLM engine SIGKILLed together.
+KILL_POINTS: dict[str, Callable[[Path], bool]] = {
+    "in global step 1's rollout": lambda dumps: log_lines(dumps / "generate", DISPATCH_LOG) >= 5,
+    "in global step 2's log-prob pass": lambda dumps: log_lines(dumps / "actor", TRAINING_LOG) >= 6,
+    "in global step 3's rollout": lambda dumps: (
+        log_lines(dumps / "generate", DISPATCH_LOG) >= 2 * STEPS_PER_ROLLOUT + 3
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def undamaged(sync_fault, tmp_path_factory) -> dict[tuple[int, str], str]:
+    """The whole run's verdict of each pair, by (global step, request id)."""
+    out = tmp_path_factory.mktemp("undamaged")
+    assert main(["align", str(sync_fault.train_root), str(sync_fault.generate_root), "-o", str(out / "p.jsonl")]) == 0
+    assert main(["compare", str(out / "p.jsonl"), "-o", str(out / "report")]) == 0
+    return verdicts(out / "report")
+
+
+def verdicts(report: Path) -> dict[tuple[int, str], str]:
+    """A report's verdict of each pair, by (global step, request id)."""
+    found = pandas.read_csv(report / "pairs.csv", keep_default_na=False)
+    columns = found["global_step"], found["key"], found["verdict"]
+    return {(int(g), key): verdict for g, key, verdict in zip(*columns, strict=True)}
+
+
+def _complete_training_dumps(actor: Path) -> set[tuple[int, str]]:
+    """(global step, request id) of each training dump whose log line and ``dump.json`` are both whole."""
+    complete = set()
+    for log in actor.glob(f"*/{TRAINING_LOG}"):
+        for raw in log.read_bytes().splitlines():
+            try:
+                line = json.loads(raw)
+                json.loads((actor / f"step{line['step']}" / f"rank{line['rank']}" / "dump.json").read_bytes())
+            except (ValueError, OSError):
+                continue
+            complete.add((line["global_step"], line["request_ids"][0]))
+    return complete
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_whole_job_killed_leaves_every_complete_part_paired_and_judged_as_before(
+    point, tmp_path, inputs, undamaged, capsys, hook_warnings
+):
+    with fm.cell("whole job SIGKILLed (trainer and vLLM)", fm.ALIGN, fm.COMPARE) as tally:
+        dumps = kill_loop(tmp_path / "run", inputs, KILL_POINTS[point], *SYNC_FAULT)
+        tally.runs += 1
+        fm.check_logs(dumps, tally, killed=True)  # every line whole but, at most, the one each writer was writing
+        _analysed_after_the_kill(dumps, tmp_path, undamaged, capsys, hook_warnings)
+
+
+def _analysed_after_the_kill(dumps: Path, tmp_path: Path, undamaged, capsys, hook_warnings) -> None:
+    complete = _complete_training_dumps(dumps / "actor")  # a global step's rollout ends before its log-prob pass
+    pairs, report = tmp_path / "pairs.jsonl", tmp_path / "report"
+    status = main(["align", str(dumps / "actor"), str(dumps / "generate"), "-o", str(pairs)])
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.out + printed.err
+    assert status == (0 if complete else 1), printed.out + printed.err
+    # What the kill cut is named: a log's last line left without its newline, a listed dump.json not whole.
+    warned = "\n".join(hook_warnings())
+    for log in [*dumps.glob(f"*/*/{TRAINING_LOG}"), *dumps.glob(f"*/*/{DISPATCH_LOG}")]:
+        text = log.read_bytes()
+        if text and not text.endswith(b"\n"):
+            assert f"{log}:{len(text.splitlines())}: not JSON (truncated?)" in warned, warned
+    if not complete:
+        return
+    assert main(["compare", str(pairs), "-o", str(report)]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.out + printed.err
+    judged = verdicts(report)
+    assert set(judged) == complete  # every complete part paired, nothing else
+    assert judged == {key: undamaged[key] for key in judged}  # and judged as the whole run judged it

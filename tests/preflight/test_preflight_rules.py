@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks import preflight
-from msprobe_hooks.preflight import findings, recipe, verl_config
+from msprobe_hooks.cli.launch import shim_dir
+from msprobe_hooks.preflight import findings, recipe, rules, verl_config
 from msprobe_hooks.training import virtual_pipeline
 
 GPUS = 4
@@ -65,6 +66,8 @@ CASES = [
     Case("graph-mode", ["actor_rollout_ref.rollout.enforce_eager=False"], {"eager-rollout"}),
     Case("dynamo", [], {"torchdynamo"}, drop_env=("TORCHDYNAMO_DISABLE",)),
     Case("dynamo-other-value", [], {"torchdynamo"}, env={"TORCHDYNAMO_DISABLE": "0"}),
+    Case("ray-cluster-apart", ["+ray_kwargs.ray_init.address=127.0.0.1:6379"], {"ray-runtime-env"}, fixable=False),
+    Case("ray-address-variable", [], {"ray-runtime-env"}, env={"RAY_ADDRESS": "auto"}, fixable=False),
     Case("prefix-cache", ["actor_rollout_ref.rollout.enable_prefix_caching=True"], {"prefix-caching"}),
     Case("chunked", ["actor_rollout_ref.rollout.enable_chunked_prefill=True"], {"chunked-prefill"}),
     Case("fsdp-tp", ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], {"fsdp-rollout-parallel"}),
@@ -288,6 +291,21 @@ def test_ray_runtime_env_also_satisfies_torchdynamo(generate_config):
     overrides, environ = _start(case, generate_config)
     ray_env = "+ray_kwargs.ray_init.runtime_env.env_vars.TORCHDYNAMO_DISABLE='1'"
     assert _check(case, [*overrides, ray_env], environ) == []
+
+
+def test_a_cluster_started_apart_needs_the_hooks_in_the_jobs_runtime_env(generate_config):
+    case = Case("ray", [], set(), env={"RAY_ADDRESS": "127.0.0.1:6379"})
+    overrides, environ = _start(case, generate_config)
+    (finding,) = _check(case, overrides, environ)
+    assert "joins the Ray cluster at 127.0.0.1:6379, started apart" in finding.problem
+    assert "DUMP_ON=1 and PYTHONPATH with the shim's folder (sitecustomize_shim)" in finding.problem
+    assert "msprobe-hooks ray-env" in finding.fix[0]
+    # What `msprobe-hooks ray-env` prints clears it (an env_vars PYTHONPATH naming the shim's folder, DUMP_ON=1).
+    ray_env = [f"++{rules.RAY_ENV_VARS}.PYTHONPATH='{shim_dir()}:/opt/a'", f"++{rules.RAY_ENV_VARS}.DUMP_ON='1'"]
+    assert _check(case, [*overrides, *ray_env], environ) == []
+    assert _check(case, [*overrides, ray_env[0]], environ)[0].problem.endswith("lacks DUMP_ON=1, so no worker dumps")
+    local = Case("local", ["+ray_kwargs.ray_init.address=local"], set(), env={"RAY_ADDRESS": "127.0.0.1:6379"})
+    assert _check(local, [*_start(local, generate_config)[0], *local.overrides], environ) == []
 
 
 def test_a_missing_dump_config_file_is_reported_with_the_key_and_the_path(generate_config):

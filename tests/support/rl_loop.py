@@ -10,8 +10,12 @@ that environment, so each side dumps every global step from the environment alon
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,11 +80,11 @@ class LoopRun:
         return json.loads((self.train_root / f"step{step}" / "rank0" / "dump.json").read_text())["data"]
 
 
-def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
-    """Run the loop on ``inputs`` (``cpu_kit.demo_inputs``' folder) in ``work``; ``args`` go to the script."""
+def _loop(work: Path, inputs: Path, args: tuple[str, ...], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The loop's command and environment, as a user runs it (see the module docstring)."""
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     work.mkdir(parents=True, exist_ok=True)
-    env = shim_env(
+    environ = shim_env(
         **{
             "DUMP_ON": "1",
             "PROMPTS_ONLY": "1",
@@ -91,14 +95,19 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
             **env,  # the caller's settings win
         }
     )
-    out = work / "out"
     command = [sys.executable, str(LOOP), "--model", str(inputs / "model"), "--prompts", str(inputs / "prompts.jsonl")]
-    command += ["--out", str(out), "--vllm-python", str(VLLM_PYTHON), *args]
+    command += ["--out", str(work / "out"), "--vllm-python", str(VLLM_PYTHON), *args]
+    return command, environ
+
+
+def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
+    """Run the loop on ``inputs`` (``cpu_kit.demo_inputs``' folder) in ``work``; ``args`` go to the script."""
+    command, environ = _loop(work, inputs, args, env)
     log = work / "loop.log"
     with log.open("w") as handle:
-        done = subprocess.run(command, env=env, cwd=work, stdout=handle, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        done = subprocess.run(command, env=environ, cwd=work, stdout=handle, stderr=subprocess.STDOUT, timeout=TIMEOUT)
     if done.returncode != 0:
-        engine_log = out / "engine.log"
+        engine_log = work / "out" / "engine.log"
         tails = [
             f"--- {path} (end) ---\n" + "\n".join(path.read_text().splitlines()[-30:])
             for path in (log, engine_log)
@@ -106,6 +115,32 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
         ]
         raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
     return LoopRun.of(work)
+
+
+def kill_loop(work: Path, inputs: Path, until: Callable[[Path], bool], *args: str) -> Path:
+    """Run the loop as :func:`run_loop` does, in a session of its own, and SIGKILL the whole process tree (the trainer
+    and the vLLM engine it started, both dumping) as soon as ``until(dumps folder)`` holds; the dumps folder."""
+    command, environ = _loop(work, inputs, args, {})
+    log = work / "loop.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, env=environ, cwd=work, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not until(work / "dumps"):  # the kill point is a state of the dump tree, polled
+                assert process.poll() is None, f"the loop ended ({process.returncode}) before its kill point: {log}"
+                assert time.monotonic() < deadline, f"the kill point was not reached in {TIMEOUT} s: {log}"
+                time.sleep(0.02)
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return work / "dumps"
+
+
+def log_lines(root: Path, name: str) -> int:
+    """The newlines in the ``{root}/{pid}/{name}`` logs so far (0 before the folder exists)."""
+    return sum(path.read_bytes().count(b"\n") for path in root.glob(f"*/{name}"))
 
 
 def run_demo(script: str, out: Path, timeout_s: float, *more_bins: Path) -> str:

@@ -20,10 +20,10 @@ set -- "$1" "$2" ${4:+"$4"}
 DEMO_OUT=msprobe_dump source "$(dirname "$0")/demo_lib.sh"
 config=$PWD/msprobe_l0.json
 
-answer() { # align + compare one act's dumps: BIN ACT_DIR [compare options]: the last line of align, the cause line
+answer() { # align + compare one act's dumps: BIN ACT_DIR [compare options]: align's count of pairs, the cause line
 	local bin=$1 act=$2
 	shift 2
-	"$bin/msprobe-hooks" align "$act/dumps/actor" "$act/dumps/generate" -o "$act/pairs.jsonl" | tail -n 1
+	"$bin/msprobe-hooks" align "$act/dumps/actor" "$act/dumps/generate" -o "$act/pairs.jsonl" | grep "^align: "
 	"$bin/msprobe-hooks" compare "$act/pairs.jsonl" -o "$act/report" "$@" | sed -n 1p
 }
 

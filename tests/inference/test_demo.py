@@ -48,7 +48,6 @@ from msprobe_hooks.analysis.results import CausePath, Verdict
 pytestmark = pytest.mark.engine  # runs the real engines (make test-fast leaves it out)
 
 VERL_E2E_PYTHON = REPO / ".venv-verl-e2e" / "bin" / "python"
-MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
 STEPS = 2
 # The gap log and verl compute |exp(old) - exp(rollout)| from the same float32 tensors: they agree to rounding.
 SAME_VALUE = 1e-6

@@ -25,7 +25,7 @@ import torch
 from support import REPO
 from support.interpreter import clean_env, shim_env
 from support.real_vllm import VLLM_PYTHON
-from support.vllm_standin import dispatch_log, dump_of, read_log
+from support.vllm_standin import dispatch_log, read_log
 
 LOOP = REPO / "cpu_kit" / "rl_loop.py"
 MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
@@ -65,19 +65,12 @@ class LoopRun:
         return read_log(path)
 
     def worker_pid(self) -> int:
-        """The vLLM worker that dumped (one pid folder under the generate root)."""
+        """The process that ran vLLM's worker and dumped (one pid folder under the generate root)."""
         (folder,) = [p for p in self.generate_root.iterdir() if p.is_dir()]
         return int(folder.name)
 
     def dispatch_log(self) -> list[dict]:
         return dispatch_log(self.generate_root, self.worker_pid())
-
-    def generate_dump(self, step: int) -> dict:
-        """The ``data`` of the vLLM worker's ``step{step}`` dump."""
-        return dump_of(self.generate_root, self.worker_pid(), step)
-
-    def train_dump(self, step: int) -> dict:
-        return json.loads((self.train_root / f"step{step}" / "rank0" / "dump.json").read_text())["data"]
 
 
 def _loop(work: Path, inputs: Path, args: tuple[str, ...], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:

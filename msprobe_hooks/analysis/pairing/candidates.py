@@ -165,9 +165,8 @@ class CandidateIndex:
             shown = ", ".join(sorted(dumps)[:3]) + (f" and {len(dumps) - 3} more" if len(dumps) > 3 else "")
             warn(
                 f"{len(dumps)} training dump(s) written by {len(writers_logs)} processes, {writers}: {shown}; "
-                "msprobe names "
-                "its step folders by rank only, so one process overwrote the other's (two jobs on one dump root, or "
-                "two processes that both took that rank): not paired"
+                "msprobe names its step folders by rank only, so one process overwrote the other's (two jobs on one "
+                "dump root, or two processes that both took that rank): not paired"
             )
             self.overwritten.update(dumps)
 

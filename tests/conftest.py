@@ -28,20 +28,21 @@ ENGINE_LOCK = Path(tempfile.gettempdir()) / "msprobe-hooks-tests-engines.lock"
 # The longest files of make test, longest first (pytest --durations=0 in a fresh clone, summed per file; list one
 # here when it takes minutes): two workers end together when the longest start first.
 LONGEST_FIRST = (
-    "faults/test_verl_engine.py",
     "inference/test_demo.py",
-    "inference/test_real_causes.py",
-    "analysis/test_compare.py",
-    "inference/test_real_vllm.py",
-    "analysis/test_compare_moe.py",
-    "faults/test_vllm_and_analysis.py",
+    "faults/test_verl_engine.py",
     "inference/test_real_rl_loop.py",
-    "training/test_verl_fsdp_engine.py",
+    "inference/test_real_causes.py",
+    "inference/test_real_vllm.py",
     "training/test_real_megatron.py",
-    "analysis/test_compare_sglang.py",
-    "analysis/test_tp_real.py",
-    "inference/test_real_sglang.py",
     "training/test_trainer_patches_under_shim.py",
+    "analysis/test_compare.py",
+    "analysis/test_tp_real.py",
+    "analysis/test_compare_moe.py",
+    "analysis/test_compare_sglang.py",
+    "inference/test_sglang_runner.py",
+    "training/test_verl_fsdp_engine.py",
+    "faults/test_vllm_and_analysis.py",
+    "inference/test_real_sglang.py",
 )
 TESTS = Path(__file__).parent
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas
 
 from cpu_kit.demo_inputs import read_prompts
-from support import REPO
+from support import REPO, zygote
 from support.interpreter import shim_env
 from support.real_sglang import run_engine, tokenizer_dir
 from support.real_vllm import VLLM_PYTHON, engine_env
@@ -59,10 +59,16 @@ def msprobe_config(path: Path, task: str = "statistics", level: str = "L0", step
 
 
 def _run(command: list[str], env: dict[str, str], log: Path) -> None:
+    """``command``'s output in ``log``; a script of this interpreter forked from the zygote (``support.zygote``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_LIMIT_S, cwd=REPO)
-    assert done.returncode == 0, f"{command[1]} failed ({done.returncode}); last lines:\n" + "\n".join(
+    if command[0] == sys.executable and command[1].endswith(".py"):
+        returncode = zygote.run(command[1:], env, REPO, HANG_LIMIT_S, log)
+    else:
+        with log.open("w") as out:
+            returncode = subprocess.run(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_LIMIT_S, cwd=REPO
+            ).returncode
+    assert returncode == 0, f"{command[1]} failed ({returncode}); last lines:\n" + "\n".join(
         log.read_text().splitlines()[-30:]
     )
 
@@ -166,8 +172,12 @@ def run_vllm(
     ``tp`` > 1 binds one core per worker (``VLLM_CPU_OMP_THREADS_BIND``, what vLLM's CPU workers need on
     one NUMA node). ``root``: the generate dump root (default ``tmp/generate``); two runs given the same
     root leave their dumps side by side, as two replicas of one job do. ``env_vars`` are set too
-    (``MSPROBE_HOOKS_ROUTING="1"``).
+    (``MSPROBE_HOOKS_ROUTING="1"``). At ``tp`` 1 the engine core runs in the script's process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one interpreter start, not three; the dumps are the model runner's either
+    way, and ``test_real_vllm`` dumps through vLLM's spawned worker).
     """
+    if tp == 1:
+        env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env_vars}
     assert VLLM_PYTHON.exists(), f"{VLLM_PYTHON} is missing: build the real-vLLM venv with `make install-vllm`"
     rpc = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
     root = root or tmp / "generate"

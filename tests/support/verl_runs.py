@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cpu_kit import verl_cpu
 from msprobe_hooks import join_keys
+from support import zygote
 from support.interpreter import shim_env
 
 CHILD = Path(__file__).resolve().parent / "verl_engine_child.py"
@@ -74,10 +75,14 @@ def run_engine(
     dump: bool = True,
     child: Path = CHILD,
     path: Sequence[str | os.PathLike] = (),
+    fresh: bool = False,
     **env: str,
 ) -> EngineRun:
     """Run ``child`` with ``spec``; ``dump`` sets DUMP_ON=1; ``env`` adds variables (DUMP_PHASE, …);
-    ``path`` goes on PYTHONPATH after the shim (a ``sitecustomize`` there is chained by the shim)."""
+    ``path`` goes on PYTHONPATH after the shim (a ``sitecustomize`` there is chained by the shim).
+
+    The engine child at world size 1 is forked from the worker's zygote (``support.zygote``: verl imported
+    already) unless ``fresh``; torchrun's ranks and other children are fresh interpreters."""
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "report"
     out.mkdir(exist_ok=True)
@@ -85,6 +90,11 @@ def run_engine(
     if dump:
         variables["DUMP_ON"] = "1"
     argument = json.dumps({**spec, "out": str(out)})
+    if world_size == 1 and child == CHILD and not fresh:
+        stdout, stderr = tmp / "child.stdout", tmp / "child.stderr"
+        returncode = zygote.run([str(child), argument], shim_env(*path, **variables), tmp, HANG_LIMIT_S, stdout, stderr)
+        reports = _reports(out, world_size)
+        return EngineRun(returncode, stderr.read_text(errors="replace"), reports, tmp / "dumps" / "actor")
     if world_size == 1:
         command = [sys.executable, str(child), argument]
     else:
@@ -100,12 +110,11 @@ def run_engine(
     done = subprocess.run(
         command, env=shim_env(*path, **variables), capture_output=True, text=True, timeout=HANG_LIMIT_S, cwd=tmp
     )
-    reports = []
-    for rank in range(world_size):
-        path = out / f"rank{rank}.json"
-        if path.is_file():
-            reports.append(json.loads(path.read_text()))
-    return EngineRun(done.returncode, done.stderr, reports, tmp / "dumps" / "actor")
+    return EngineRun(done.returncode, done.stderr, _reports(out, world_size), tmp / "dumps" / "actor")
+
+
+def _reports(out: Path, world_size: int) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (out / f"rank{r}.json" for r in range(world_size)) if p.is_file()]
 
 
 def write_config(path: Path, **settings: object) -> str:

@@ -1,9 +1,10 @@
 """Training-side dumps on verl 0.9.1's real FSDP2 engine (CPU, gloo, tiny random Qwen2, fp32).
 
-Every configuration runs the same operations in a fresh child process with the shim active:
+Every configuration runs the same operations in a child process with the shim active:
 actor log-prob, ref log-prob, critic values, actor update, actor log-prob again (4 samples,
 micro-batches of 2). Outputs are compared with a run without DUMP_ON; dumps and log lines are
-read from disk.
+read from disk. The dumped runs are fresh interpreters, the shim patching verl as it is imported, as in a
+user's job (the other engine tests fork theirs from a process that has imported verl: ``support.zygote``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, model_dir: str):
             else:
                 env, dump = configs[name]
             spec = {**SPEC, "model_dir": model_dir, "capture_logits": name == "prompts"}
-            run = run_engine(tmp, spec, dump=dump, **env)
+            run = run_engine(tmp, spec, dump=dump, fresh=dump, **env)
             assert run.returncode == 0, run.stderr[-3000:]
             cache[name] = run
         return cache[name]

@@ -1,8 +1,9 @@
 """Running verl 0.9.1's real FSDP2 engine with a fault injected, and the checks of its cells.
 
 Every run is ``tests/support/verl_engine_child.py`` (actor log-prob, update, log-prob; 4 samples in
-micro-batches of 2) under the shim, with the fault site (``fault_site/sitecustomize.py``, chained by
-the shim) injecting the fault. The baseline (no DUMP_ON) is made once per session (``conftest.py``).
+micro-batches of 2), forked from the test worker's zygote (``support.zygote``), under the shim, with the fault
+site (``fault_site/sitecustomize.py``, chained by the shim) injecting the fault. The baseline (no DUMP_ON) is
+made once per session (``conftest.py``).
 """
 
 from __future__ import annotations

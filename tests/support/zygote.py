@@ -29,8 +29,10 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-TESTS = HERE.parent.parent
+TESTS = HERE.parent.parent  # run as a file, like the *_child.py scripts: it puts these on sys.path itself
 REPO = TESTS.parent
+# The interpreter's own sys.path (the venv's site-packages), under each child's script folder and PYTHONPATH.
+_BASE_PATH = [entry for entry in sys.path if entry != str(HERE.parent)]
 
 
 def _preload() -> None:
@@ -100,9 +102,6 @@ def _serve() -> None:
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
-
-
-_BASE_PATH = [entry for entry in sys.path if entry != str(HERE.parent)]
 
 
 class Zygote:

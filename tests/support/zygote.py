@@ -52,7 +52,7 @@ def _preload() -> None:
 def _child(request: dict) -> None:
     """In the fork: become the interpreter ``request`` describes, run its script, exit."""
     os.setpgid(0, 0)  # its own group: a timeout kills what it started too
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):  # appended: they may be one file
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, fd)
         os.close(target)
@@ -165,9 +165,10 @@ def run(
     """Run ``argv`` (a Python script of this interpreter and its arguments) forked from the zygote, its output
     in ``stdout`` (and ``stderr``, or the same file); its exit status. A run past ``timeout`` is killed
     with what it started, raising ``subprocess.TimeoutExpired``."""
-    for path in (stdout, stderr or stdout):
+    stderr = stderr or stdout
+    for path in (stdout, stderr):
         path.write_text("")
-    request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr or stdout)}
+    request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
     return _zygote().run(request, timeout)
 
 

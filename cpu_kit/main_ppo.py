@@ -16,8 +16,13 @@ the variables of :func:`environment` and the overrides of :func:`overrides`. The
 hooks are on. The hooks are never switched on here: the caller's environment is passed through (the shim
 first on PYTHONPATH, ``DUMP_ON=1``, ``MSPROBE_GENERATE_CONFIG``, ...; docs/verl-main-ppo.md).
 
-A run that outlives ``--timeout`` is killed with its whole process group (a failed weight sync hangs
-rather than exits), and so is whatever of the group outlives a run that ended.
+``--cluster``: the job joins a Ray cluster started apart, as on a multi-node cluster. ``ray start --head`` (local
+addresses) in the environment of the cluster's administrator, the caller's without the hooks (no ``DUMP_ON``, no
+shim on PYTHONPATH, none of the hooks' variables), and the job given ``msprobe-hooks ray-env``'s overrides, run as
+the user guide says: the hooks reach Ray's workers only through the job's ``runtime_env``.
+
+A run that outlives ``--timeout`` is killed with its whole session (a failed weight sync hangs rather than exits),
+and so is whatever of the session outlives a run that ended; the same for the cluster.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +124,8 @@ def recipe_overrides() -> list[str]:
     return build("fsdp", 1, rollout="vllm").overrides
 
 
-def overrides(inputs: Inputs, work: Path, ray_temp: str, *, steps: int, legacy: bool) -> list[str]:
-    """The recipe's, then the CPU's (the last value of a key wins)."""
+def overrides(inputs: Inputs, work: Path, ray: list[str], *, steps: int, legacy: bool) -> list[str]:
+    """The recipe's, then the CPU's (the last value of a key wins); ``ray``: :func:`local_ray`, :func:`cluster_ray`."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
         *recipe_overrides(),
@@ -159,14 +165,122 @@ def overrides(inputs: Inputs, work: Path, ray_temp: str, *, steps: int, legacy: 
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
         f"trainer.default_local_dir={work / 'checkpoints'}",
-        # Ray's CPUs are bookkeeping: TransferQueue's controller and storage unit, the TaskRunner and the
-        # actor's bundle ask for one each (fewer hangs the v1 trainer); one logical GPU for the pools.
-        "+ray_kwargs.ray_init.num_cpus=8",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        f"+ray_kwargs.ray_init._temp_dir={ray_temp}",
-        "+ray_kwargs.ray_init.include_dashboard=False",
+        *ray,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+
+
+# Ray's CPUs are bookkeeping: TransferQueue's controller and storage unit, the TaskRunner and the actor's bundle
+# ask for one each (fewer hangs the v1 trainer); one logical GPU for the pools.
+RAY_CPUS, RAY_GPUS = 8, 1
+
+
+def local_ray(ray_temp: str) -> list[str]:
+    """The overrides of a cluster ``ray.init`` starts in the driver (its workers inherit the driver's environment)."""
+    return [
+        f"+ray_kwargs.ray_init.num_cpus={RAY_CPUS}",
+        f"+ray_kwargs.ray_init.num_gpus={RAY_GPUS}",
+        f"+ray_kwargs.ray_init._temp_dir={ray_temp}",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+    ]
+
+
+def cluster_ray(address: str, job_env: dict[str, str]) -> list[str]:
+    """The overrides of a job joining the cluster at ``address``: the address, and the runtime_env that
+    ``msprobe-hooks ray-env`` prints in the job's shell, taken as the user guide says (a bash array)."""
+    printed = subprocess.run(
+        ["bash", "-c", 'eval "RAY_ENV=($(msprobe-hooks ray-env))" && printf "%s\\0" "${RAY_ENV[@]}"'],
+        env={**job_env, "PATH": os.pathsep.join([os.path.dirname(sys.executable), job_env.get("PATH", "")])},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [f"+ray_kwargs.ray_init.address={address}", *printed.stdout.split("\0")[:-1]]
+
+
+def cluster_environment(job_env: dict[str, str]) -> dict[str, str]:
+    """The environment of a cluster started apart: the job's without the hooks, as its administrator's shell."""
+    from msprobe_hooks import config
+
+    env = {name: value for name, value in job_env.items() if name not in _hooks_variables()}
+    paths = job_env.get("PYTHONPATH", "").split(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in paths if p and os.path.basename(os.path.normpath(p)) != config.SHIM_PACKAGE
+    )
+    # Ray turns token authentication on when ~/.ray/auth_token exists, but a driver joining by address does not
+    # send it: the cluster is local and private, so off, whatever the machine's home holds.
+    env["RAY_AUTH_MODE"] = "disabled"
+    return env
+
+
+def cluster_facts(address: str, env: dict[str, str]) -> dict[str, object]:
+    """What ``WORK/cluster.json`` says of the cluster: its address, PYTHONPATH and which hooks' variables it had."""
+    return {
+        "address": address,
+        "PYTHONPATH": env.get("PYTHONPATH", ""),
+        "hooks_variables": sorted(_hooks_variables() & set(env)),
+    }
+
+
+def _hooks_variables() -> set[str]:
+    from msprobe_hooks import config
+
+    return {variable.name for variable in config.VARIABLES}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_cluster(env: dict[str, str], ray_temp: str, log: Path) -> Iterator[str]:
+    """``ray start --head`` in ``env`` and a session of its own, its output to ``log``; yields the address, then
+    kills the session. The ports Ray would fix are chosen free (other clusters may run on the machine)."""
+    port = _free_port()
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    with log.open("w") as out:
+        started = subprocess.Popen(
+            [ray, "start", "--head", f"--port={port}", f"--ray-client-server-port={_free_port()}",
+             f"--dashboard-agent-listen-port={_free_port()}", f"--num-cpus={RAY_CPUS}", f"--num-gpus={RAY_GPUS}",
+             f"--temp-dir={ray_temp}", "--include-dashboard=false", "--disable-usage-stats"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        # `ray start` returns once the cluster is up; its processes stay in its session.
+        if started.wait(timeout=300) != 0:
+            raise RuntimeError(f"ray start exited {started.returncode}: {log}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        kill_session(started.pid)
+        started.wait()
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every live process of session ``sid``. Not the process group: Ray's workers put themselves in
+    groups of their own. A few passes, as a process may fork while the others are being killed."""
+    for _ in range(3):
+        alive = [pid for pid in _processes() if _live_session(pid) == sid]
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _processes() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _live_session(pid: int) -> int | None:
+    """The session of ``pid``, None once it is gone or a zombie (nothing left to kill)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, _, _, session = stat.rpartition(")")[2].split()[:4]  # after the command's name, which may hold spaces
+    return None if state in "ZX" else int(session)
 
 
 def environment(work: Path, rpc_dir: str) -> dict[str, str]:
@@ -213,36 +327,43 @@ def run(
     *extra: str,
     steps: int = 2,
     legacy: bool = False,
+    cluster: bool = False,
     python: str = sys.executable,
     timeout: float = TIMEOUT_S,
 ) -> Run:
-    """``python -m verl.trainer.main_ppo`` on the kit's inputs in ``work``; ``extra`` overrides go last."""
+    """``python -m verl.trainer.main_ppo`` on the kit's inputs in ``work``; ``extra`` overrides go last.
+    ``cluster``: the job joins a cluster :func:`ray_cluster` started apart (``WORK/cluster.json``,
+    ``WORK/ray_start.log``)."""
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     inputs = build_inputs(work / "inputs")
     # Short paths: Ray's and vLLM's socket paths must stay under 107 bytes.
     ray_temp, rpc_dir = tempfile.mkdtemp(prefix="ray"), tempfile.mkdtemp(prefix="vllm-rpc")
-    command = [python, "-m", "verl.trainer.main_ppo", *overrides(inputs, work, ray_temp, steps=steps, legacy=legacy)]
-    (work / "command.json").write_text(json.dumps(command, indent=1))
+    env = environment(work, rpc_dir)
     began = time.perf_counter()
     timed_out = False
     try:
-        with (work / "main_ppo.log").open("w") as log:
+        with contextlib.ExitStack() as stack:
+            if cluster:
+                apart = cluster_environment(env)
+                address = stack.enter_context(ray_cluster(apart, ray_temp, work / "ray_start.log"))
+                ray = cluster_ray(address, env)
+                (work / "cluster.json").write_text(json.dumps(cluster_facts(address, apart), indent=1))
+            else:
+                ray = local_ray(ray_temp)
+            command = [python, "-m", "verl.trainer.main_ppo", *overrides(inputs, work, ray, steps=steps, legacy=legacy)]
+            (work / "command.json").write_text(json.dumps(command, indent=1))
+            log = stack.enter_context((work / "main_ppo.log").open("w"))
+            # A session of its own: Ray's and vLLM's processes stay in it, whatever process group they take.
             process = subprocess.Popen(
-                [*command, *extra],
-                env=environment(work, rpc_dir),
-                cwd=work,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: Ray's and vLLM's processes go with it
+                [*command, *extra], env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                with contextlib.suppress(ProcessLookupError):  # nothing of the group left
-                    os.killpg(process.pid, signal.SIGKILL)
+                kill_session(process.pid)
                 process.wait()
     finally:
         shutil.rmtree(ray_temp, ignore_errors=True)
@@ -259,10 +380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("work", type=Path, help="folder for the inputs, verl's log and metrics")
     parser.add_argument("--steps", type=int, default=2, help="global steps (default 2)")
     parser.add_argument("--legacy", action="store_true", help="the legacy trainer (trainer.use_v1=False)")
+    parser.add_argument("--cluster", action="store_true", help="join a Ray cluster started apart (ray start --head)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help=f"seconds (default {TIMEOUT_S})")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides, after the kit's")
     args = parser.parse_intermixed_args(argv)  # overrides before or after the options
-    done = run(args.work, *args.overrides, steps=args.steps, legacy=args.legacy, timeout=args.timeout)
+    done = run(
+        args.work, *args.overrides, steps=args.steps, legacy=args.legacy, cluster=args.cluster, timeout=args.timeout
+    )
     state = "timed out, killed" if done.timed_out else f"exit {done.returncode}"
     print(f"main_ppo: {state} after {done.wall_s:.0f} s; log {done.log}")
     for step, metrics in sorted(done.metrics().items()):

@@ -8,7 +8,9 @@
 #    actor, the weight sync after every step (cpu_kit/main_ppo.py; docs/verl-main-ppo.md). Two global steps each.
 #    1. healthy: the v1 trainer, fp32 on both sides: align pairs every sample with its prefill, cause none.
 #    2. the legacy trainer with FSDP's mixed precision at verl's default (a bf16 forward under model_dtype=fp32),
-#       vLLM in fp32: cause precision, the whole model.
+#       vLLM in fp32: cause precision, the whole model. The job joins a Ray cluster started apart (`ray start
+#       --head`, local addresses) without the hooks' variables: they reach its workers through `msprobe-hooks
+#       ray-env`'s runtime_env, as on a multi-node cluster.
 # 3. What main_ppo cannot show: a fault only vLLM's decode steps see (the CPU kit's vLLM plugin, installed in the vLLM
 #    venv only), in the CPU kit's RL loop (cpu_kit/rl_loop.py: vLLM rolls out, verl's FSDP2 engine recomputes the
 #    log-probs): prefill clean, a gap on the response tokens, decode pairs naming the module.
@@ -44,7 +46,8 @@ echo "expected: cause: none"
 
 echo
 echo "#### 2. main_ppo, the legacy trainer with verl's default FSDP mixed precision: a bf16 forward under model_dtype=fp32"
-main_ppo bf16 --legacy "~actor_rollout_ref.actor.fsdp_config.mixed_precision"
+echo "     on a Ray cluster started apart (ray start --head), the hooks given to its workers by msprobe-hooks ray-env"
+main_ppo bf16 --legacy --cluster "~actor_rollout_ref.actor.fsdp_config.mixed_precision"
 echo "expected: cause: precision, model dtype bfloat16 (training) vs float32 (rollout)"
 
 fault=$(PYTHONPATH=.. "$train_bin/python" -c \

@@ -11,7 +11,9 @@ Each run is then aligned and compared by the script, as a user does.
   ``compare`` finds no divergence at any step and names no cause.
 * ``bf16``: the legacy trainer (``RayPPOTrainer.fit``) with a real cause set through verl's configuration, the one
   a user meets: ``model_dtype=fp32`` with FSDP's mixed precision left at verl's default, a bf16 forward, against
-  vLLM in fp32. ``compare`` names the whole model's precision.
+  vLLM in fp32. ``compare`` names the whole model's precision. This job joins a Ray cluster started apart
+  (``ray start --head``) in an environment without the hooks' variables: they reach its workers only through
+  ``msprobe-hooks ray-env``'s runtime_env.
 
 In both, the gap log agrees with verl's own ``training/rollout_probs_diff_*`` of the same steps. A run takes ~3-5
 min on 2 cores; the launcher kills the whole process group at its timeout (a failed weight sync hangs rather than
@@ -44,6 +46,8 @@ from cpu_kit.main_ppo import TIMEOUT_S
 from cpu_kit.main_ppo import Run as MainPpoRun
 from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
 from msprobe_hooks.analysis.results import CausePath, Verdict
+from msprobe_hooks.cli.ray_env import HYDRA_PREFIX
+from msprobe_hooks.config import SHIM_PACKAGE
 
 pytestmark = pytest.mark.engine  # runs the real engines (make test-fast leaves it out)
 
@@ -130,6 +134,21 @@ def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(launched: La
     requests = {row["request_id_base"] for line in dispatch for row in line["requests"]}
     assert {ids for line in lines for ids in line["request_ids"]} <= requests
     assert len(requests) == STEPS
+
+
+def test_the_bf16_job_joined_a_cluster_started_apart_and_the_hooks_reached_it_by_ray_env(bf16: Launch) -> None:
+    cluster = json.loads((bf16.run.work / "cluster.json").read_text())
+    # The cluster's own environment could not activate a worker: no variable of ours, no shim on its PYTHONPATH ...
+    assert cluster["hooks_variables"] == []
+    assert SHIM_PACKAGE not in cluster["PYTHONPATH"] and cluster["PYTHONPATH"]
+    # ... the job joined it by address and carried ray-env's overrides (verl merges them into its runtime_env) ...
+    command = json.loads((bf16.run.work / "command.json").read_text())
+    assert f"+ray_kwargs.ray_init.address={cluster['address']}" in command
+    assert any(word.startswith(f'{HYDRA_PREFIX}PYTHONPATH="') and SHIM_PACKAGE in word for word in command)
+    assert f'{HYDRA_PREFIX}DUMP_ON="1"' in command
+    log = bf16.run.log.read_text(errors="replace")
+    assert "Connecting to existing Ray cluster at address" in log
+    # ... so the workers' dumps of every step (the test above: the actor's and vLLM's) came through them.
 
 
 def test_the_training_log_names_verls_global_step(launched: Launch) -> None:

@@ -60,9 +60,11 @@ VIOLATIONS = ("trainer.balance_batch=True", "actor_rollout_ref.rollout.enable_pr
 
 
 def test_python_m_main_ppo_stops_before_ray_with_every_finding(tmp_path):
-    """Under ``-m`` main_ppo runs as __main__, never imported as verl.trainer.main_ppo: the hook still fires."""
+    """Under ``-m`` main_ppo runs as __main__, never imported as verl.trainer.main_ppo: the hook still fires. The job
+    joins a cluster started apart without ray-env's runtime_env: that one mistake would leave every worker inactive."""
+    address = "+ray_kwargs.ray_init.address=127.0.0.1:6379"
     done = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=vllm"],
+        [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=vllm", address],
         env=shim_env(DUMP_ON="1"),
         cwd=tmp_path,
         capture_output=True,
@@ -74,6 +76,8 @@ def test_python_m_main_ppo_stops_before_ray_with_every_finding(tmp_path):
     assert "PreflightFailed: msprobe-hooks preflight: verl config: " in done.stderr
     for rule in ("batch-size", "rollout-n", "eager-rollout", "prefix-caching", "torchdynamo", "inference-dump-config"):
         assert f"  [{rule}] " in done.stderr
+    assert "  [ray-runtime-env] the job joins the Ray cluster at 127.0.0.1:6379, started apart" in done.stderr
+    assert 'eval "RAY_ENV=($(msprobe-hooks ray-env))"' in done.stderr  # what to do about it
     assert "stopped before Ray starts" in done.stderr
 
 

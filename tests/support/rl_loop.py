@@ -192,4 +192,4 @@ def reference_model(folder: Path, **overrides: Any) -> torch.nn.Module:
 
 
 def largest_gap(values: torch.Tensor, logged: list[float]) -> float:
-    return float((values - torch.tensor(logged)).abs().max())
+    return float((values.detach() - torch.tensor(logged)).abs().max())

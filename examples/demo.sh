@@ -6,7 +6,9 @@
 # 1-2. verl's own trainer, `python3 -m verl.trainer.main_ppo`, unchanged, as a user launches it (VERL_E2E_VENV_BIN's
 #    interpreter: verl and vLLM CPU in one): Ray, the agent loop, vLLM as the rollout server in a Ray actor, the FSDP2
 #    actor, the weight sync after every step (cpu_kit/main_ppo.py; docs/verl-main-ppo.md). Two global steps each.
-#    1. healthy: the v1 trainer, fp32 on both sides: align pairs every sample with its prefill, cause none.
+#    1. healthy: the v1 trainer, fp32 on both sides, whole sequences dumped too (DUMP_SEQUENCES=1, tensor mode):
+#       align pairs every sample with its prefill and each response token after the first with its decode step,
+#       cause none.
 #    2. the legacy trainer with FSDP's mixed precision at verl's default (a bf16 forward under model_dtype=fp32),
 #       vLLM in fp32: cause precision, the whole model. The job joins a Ray cluster started apart (`ray start
 #       --head`, local addresses) without the hooks' variables: they reach its workers through `msprobe-hooks
@@ -40,8 +42,9 @@ main_ppo() { # one main_ppo run of two global steps with the hooks on: NAME [cpu
 
 export DUMP_ON=1 PROMPTS_ONLY=1 MSPROBE_ACTOR_CONFIG=$config MSPROBE_GENERATE_CONFIG=$config
 
-echo "#### 1. verl's own main_ppo, the v1 trainer, fp32 on both sides: healthy"
-main_ppo healthy
+echo "#### 1. verl's own main_ppo, the v1 trainer, fp32 on both sides: healthy; prefill and decode steps compared"
+DUMP_SEQUENCES=1 MSPROBE_ACTOR_CONFIG=$PWD/msprobe_l0_tensor.json MSPROBE_GENERATE_CONFIG=$PWD/msprobe_l0_tensor.json \
+	main_ppo healthy
 echo "expected: cause: none"
 
 echo

@@ -7,8 +7,9 @@ after every step. The hooks come from the environment only: the shim first on PY
 the msprobe configs of both sides; verl's own preflight passes on the recipe's overrides the launcher starts with.
 Each run is then aligned and compared by the script, as a user does.
 
-* ``healthy``: the v1 trainer (TransferQueue), fp32 on both sides. ``align`` pairs every sample with its prefill,
-  ``compare`` finds no divergence at any step and names no cause.
+* ``healthy``: the v1 trainer (TransferQueue), fp32 on both sides, whole sequences dumped too (``DUMP_SEQUENCES=1``,
+  tensor mode). ``align`` pairs every sample with its prefill and every response token after the first with its
+  decode step, ``compare`` finds no divergence at any step and names no cause.
 * ``bf16``: the legacy trainer (``RayPPOTrainer.fit``) with a real cause set through verl's configuration, the one
   a user meets: ``model_dtype=fp32`` with FSDP's mixed precision left at verl's default, a bf16 forward, against
   vLLM in fp32. ``compare`` names the whole model's precision. This job joins a Ray cluster started apart
@@ -71,6 +72,10 @@ class Launch:
         (path,) = (self.dumps / "actor").glob("*/update_actor_log.jsonl")
         return read_log(path)
 
+    def prompt_dumps(self) -> list[dict]:
+        """The training log's prompt-only dumps (PROMPTS_ONLY=1): one a sample, what prefill pairs read."""
+        return [line for line in self.train_log() if line["dump"] == "prompt"]
+
     def gap_log(self) -> list[dict]:
         (path,) = (self.dumps / "actor").glob("*/logprob_gap.jsonl")
         return read_log(path)
@@ -127,7 +132,7 @@ def test_the_trainer_runs_its_steps_with_the_hooks_in_every_process(launched: La
     assert "msprobe-hooks preflight: verl config: no findings" in log  # the recipe's overrides satisfy it
     # Both sides dumped every global step: the actor's log-prob pass (one prompt-only dump per sample) ...
     lines = launched.train_log()
-    assert len(lines) == STEPS
+    assert len(launched.prompt_dumps()) == STEPS
     assert all((launched.dumps / "actor" / f"step{line['step']}" / "rank0" / "dump.json").is_file() for line in lines)
     # ... and vLLM's worker, each model step of both rollouts, every request one of the trainer's.
     dispatch = launched.dispatch_log()
@@ -154,13 +159,20 @@ def test_the_bf16_job_joined_a_cluster_started_apart_and_the_hooks_reached_it_by
 def test_the_training_log_names_verls_global_step(launched: Launch) -> None:
     # The legacy trainer stamps no step on the log-prob pass's batch (its per-sample global_steps is the rollout's
     # weights' version, the step before): the trim patch puts verl's on it for the call.
-    assert [line["global_step"] for line in launched.train_log()] == sorted(launched.run.metrics())
+    assert [line["global_step"] for line in launched.prompt_dumps()] == sorted(launched.run.metrics())
+    assert {line["global_step"] for line in launched.train_log()} == set(launched.run.metrics())
 
 
-def test_align_pairs_every_sample_and_compare_finds_no_divergence_on_the_healthy_run(healthy: Launch) -> None:
+def test_align_pairs_every_prefill_and_decode_step_and_compare_finds_no_divergence_on_the_healthy_run(
+    healthy: Launch,
+) -> None:
     pairs, cause, diagnosis = analysed(healthy)
-    assert len(pairs) == STEPS and set(pairs["kind"]) == {"prefill"}
-    assert sorted(pairs["global_step"]) == [line["global_step"] for line in healthy.train_log()]
+    prefill, decode = pairs[pairs["kind"] == "prefill"], pairs[pairs["kind"] == "decode"]
+    assert sorted(prefill["global_step"]) == [line["global_step"] for line in healthy.prompt_dumps()]
+    # Every response token after the first comes from a decode step of vLLM's: each one paired, in every step.
+    sequences = [line for line in healthy.train_log() if line["dump"] == "sequence"]
+    expected = {line["global_step"]: sum(s["response_len"] - 1 for s in line["samples"]) for line in sequences}
+    assert decode.groupby("global_step").size().to_dict() == expected and sum(expected.values()) > STEPS
     assert set(pairs["verdict"]) == {Verdict.NO_DIVERGENCE.value}, cause
     summary = (healthy.run.work / "report" / "summary.md").read_text()
     assert f"run: no global step diverges ({STEPS} steps compared)" in summary

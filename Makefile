@@ -8,12 +8,14 @@
 #   make demo-causes   two real causes, each answered in one line: the rollout's temperature never given to the
 #               trainer (sampling) and an fp8 KV cache in vLLM (precision), no weight touched (examples/demo_causes.sh)
 #   make test   install into .venv (with Megatron), .venv-vllm, .venv-verl-e2e and .venv-sglang, then lint, type-check and run the
-#               whole test suite (what .ci/run calls)
+#               whole test suite but the peer part (what .ci/run calls)
+#   make test-peer   the engines' own suites beyond make test's share, hooks off vs on (vLLM's; when a release is added)
 #   make test-fast   lint, type-check and the in-process tests only (no engine, no fresh interpreter): under 2 minutes
 #   make dist   the wheel to carry into a cluster's container (dist/)
 #   make install-verl-e2e   .venv-verl-e2e: verl's own trainer (main_ppo) with vLLM CPU (docs/verl-main-ppo.md)
 #   make install-megatron   megatron-core and mbridge into .venv, for verl's real Megatron engine (make test does)
 #   make verl-tests   fetch verl 0.9.1's own tests (its PyPI sdist) into build/verl-tests (make test does)
+#   make vllm-tests   fetch vLLM 0.32.0's own tests (its sdist, checked) and build their tiny hub models (make test does)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -44,6 +46,16 @@ VERL_TESTS := build/verl-tests
 # Some of them are async (pytest.mark.asyncio): the plugin goes beside them, not into the venv.
 PYTEST_ASYNCIO := pytest-asyncio==1.5.0
 
+# vLLM's own tests, from the release sdist of the CPU build (pinned by checksum), run with the hooks off and on by
+# tests/faults/test_vllm_own_suite.py; never committed. The sdist's build needs CUDA's torch, so no pip download: the
+# file is fetched and checked. Their test dependencies go beside them (pip --target), not into the venv; their hub
+# models are tiny ones the CPU kit builds into a hub cache of their own (cpu_kit/hub_models.py, offline).
+VLLM_SDIST_URL := https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/vllm-0.32.0.tar.gz
+VLLM_SDIST_SHA256 := d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad
+VLLM_SDIST := build/vllm-sdist/vllm-0.32.0.tar.gz
+VLLM_TESTS := build/vllm-tests
+VLLM_TEST_DEPS := pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 tblib==3.2.2 $(PYTEST_ASYNCIO)
+
 # The real SGLang engine (0.5.21, the last release pinning this torch) for the real-engine tests: its own
 # venv, because sglang pins a transformers that verl 0.9.1 excludes. The wheel goes in --no-deps (its metadata
 # asks for CUDA packages), then the frozen CPU set. PyPI's torchvision registers meta ops of its CUDA-built
@@ -65,7 +77,7 @@ VERL_E2E_BIN := $(VERL_E2E_VENV)/bin
 VERL_E2E_DEPS := accelerate codetiming datasets dill hydra-core peft pyarrow pybind11 pylatexenc \
 	'ray[default]' torchdata tensordict TransferQueue pyzmq msgspec wandb tensorboard pandas
 
-.PHONY: install install-megatron install-vllm install-verl-e2e install-sglang demo demo-moe demo-causes test test-fast bench docs dist clean verl-tests chromium
+.PHONY: install install-megatron install-vllm install-verl-e2e install-sglang demo demo-moe demo-causes test test-fast test-peer bench docs dist clean verl-tests vllm-tests chromium
 
 $(BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +123,18 @@ $(VLLM_BIN)/msprobe-hooks: setup.cfg pyproject.toml constraints-vllm.txt $(DECOD
 
 install-vllm: $(VLLM_BIN)/msprobe-hooks
 
+$(VLLM_TESTS)/hf: cpu_kit/hub_models.py | $(VLLM_BIN)/msprobe-hooks
+	mkdir -p $(dir $(VLLM_SDIST))
+	test -f $(VLLM_SDIST) || $(VLLM_BIN)/python -c 'import sys, urllib.request; urllib.request.urlretrieve(*sys.argv[1:])' \
+		$(VLLM_SDIST_URL) $(VLLM_SDIST)
+	echo "$(VLLM_SDIST_SHA256)  $(VLLM_SDIST)" | sha256sum -c --quiet -
+	rm -rf $(VLLM_TESTS) && mkdir -p $(VLLM_TESTS)
+	tar xzf $(VLLM_SDIST) -C $(VLLM_TESTS) --strip-components=1 vllm-0.32.0/tests vllm-0.32.0/pyproject.toml
+	$(VLLM_BIN)/pip install -q --no-deps --target $(VLLM_TESTS)/site $(VLLM_TEST_DEPS)
+	$(VLLM_BIN)/python -m cpu_kit.hub_models $@
+
+vllm-tests: $(VLLM_TESTS)/hf
+
 $(VERL_E2E_BIN)/msprobe-hooks: $(VLLM_BIN)/msprobe-hooks setup.cfg pyproject.toml constraints-verl-e2e.txt
 	rm -rf $(VERL_E2E_VENV)
 	$(PYTHON) -m venv $(VERL_E2E_VENV)
@@ -144,11 +168,15 @@ chromium:
 	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 # Two workers, a test file to each at a time (tests/conftest.py: engine files first, the real-size model alone).
-test: install install-megatron install-vllm install-verl-e2e install-sglang verl-tests chromium
+test: install install-megatron install-vllm install-verl-e2e install-sglang verl-tests vllm-tests chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not peer"
+
+# The engines' own suites beyond make test's share (marker peer): run it when a supported engine release is added.
+test-peer: install install-vllm vllm-tests
+	$(BIN)/python -m pytest -m peer
 
 # The in-process tier (markers in pyproject.toml): no engine, no fresh interpreter; analysis on tests/golden.
 test-fast: install

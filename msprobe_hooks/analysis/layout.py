@@ -53,6 +53,18 @@ def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
     return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
 
 
+def dumps_under(root: str) -> list[str]:
+    """Every msprobe ``{root}/step{N}/{rank}/dump.json`` there is, sorted."""
+    found = []
+    for step in sorted(os.listdir(root)):
+        if step.startswith("step") and os.path.isdir(os.path.join(root, step)):
+            for leaf in sorted(os.listdir(os.path.join(root, step))):
+                path = os.path.join(root, step, leaf, DUMP_FILE)
+                if os.path.isfile(path):
+                    found.append(path)
+    return found
+
+
 def training_dump(log: str, step: int, rank: int | None, pid: int | None) -> str:
     """The ``dump.json`` of a training log's line: under the training root, beside the process folders."""
     return dump_path(log_root(log), step, rank, pid)

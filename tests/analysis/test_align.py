@@ -419,8 +419,27 @@ def test_bad_lines_and_missing_dumps_are_named_and_the_rest_paired(training, gen
     assert f"{gen_log}:5: not JSON" in err
     missing = gen.root / str(GEN_PID) / "step2" / "rank0" / "dump.json"
     assert f"{missing}: missing" in err
+    # The cut line's dump is then listed by no line: named too, not paired.
+    cut = train / f"step{json.loads(lines[-1])['step']}" / "rank0" / "dump.json"
+    assert f"1 training dump(s) that no training log line lists: {cut}; the process writing them stopped" in err
     assert table(out) == {"dump unreadable": (2, 2), "no counterpart": (0, 1)}
-    assert "5 bad log lines or dump files" in out
+    assert "6 bad log lines or dump files" in out
+
+
+def test_a_training_dump_no_line_lists_is_named_and_never_paired(training, gen, tmp_path, align):
+    # A worker killed while dumping: msprobe's start() wrote the step folder's empty dump.json, our line never came.
+    train = tmp_path / "actor"
+    shutil.copytree(training, train)
+    orphan = train / "step9" / "rank0" / "dump.json"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text(json.dumps({"task": "statistics", "level": "L0", "framework": "pytorch", "data": {}}))
+    for n, sample in enumerate(SAMPLES):
+        gen.step(n, [full_prefill(sample)])
+    status, out, err, found = align(train, gen.root, tmp_path / "pairs.jsonl")
+    assert status == 0, err
+    assert [p["key"] for p in found] == [f"req-uid-{n}" for n in range(len(SAMPLES))]  # the rest, as before
+    assert f"1 training dump(s) that no training log line lists: {orphan}; " in err
+    assert "1 bad log lines or dump files" in out
 
 
 def test_a_missing_training_dump_leaves_its_prefill_unpaired(training, gen, tmp_path, align):

@@ -66,6 +66,7 @@ CELLS: dict[str, tuple[str, ...]] = {
     "two processes, one dump root": (LOGS,),
     "two jobs writing one rank's step folders": (VERL_FSDP, ALIGN),
     "whole job SIGKILLed (trainer and vLLM)": (ALIGN, COMPARE),
+    "a Ray worker lost mid-dump (verl main_ppo)": (VERL_FSDP, ALIGN),
     "bad environment variable": (START_UP,),
     "truncated log": (ALIGN,),
     "corrupted log line": (ALIGN,),
@@ -86,6 +87,7 @@ NO_STRICT_FAULTS = {
     "two processes, one dump root",
     "two jobs writing one rank's step folders",  # named, never raised: each job's own dumps go on
     "whole job SIGKILLed (trainer and vLLM)",
+    "a Ray worker lost mid-dump (verl main_ppo)",  # the job's own failure, nothing of ours raising
 }
 
 

@@ -132,6 +132,7 @@ class CandidateIndex:
             for dump in read_training(path, warn):
                 index._add_train(dump)
         index._find_shared_folders(warn)
+        index._find_unlisted_folders({layout.log_root(path) for path in train_logs}, warn)
         for path in dispatch_logs:
             for step in read_dispatch(path, warn):
                 index._add_step(step)
@@ -169,6 +170,19 @@ class CandidateIndex:
                 "dump root, or two processes that both took that rank): not paired"
             )
             self.overwritten.update(dumps)
+
+    def _find_unlisted_folders(self, roots: set[str], warn: Warn) -> None:
+        """The training dumps under the training roots that no log line lists. The hooks log a dump after msprobe
+        wrote it, so a process killed while dumping (a worker lost mid-dump) leaves its last folder unlisted, with
+        msprobe's empty ``dump.json`` or a part of it: named here, never paired (nothing says what it holds)."""
+        listed = {train_dump(dump) for dump in self.trains}
+        unlisted = sorted(path for root in roots for path in layout.dumps_under(root) if path not in listed)
+        if unlisted:
+            shown = ", ".join(unlisted[:3]) + (f" and {len(unlisted) - 3} more" if len(unlisted) > 3 else "")
+            warn(
+                f"{len(unlisted)} training dump(s) that no training log line lists: {shown}; the process writing "
+                "them stopped before logging them (killed while dumping?): not paired"
+            )
 
     def _add_step(self, step: GenerateStep | DecodeStep) -> None:
         if isinstance(step, DecodeStep):

@@ -80,12 +80,15 @@ def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple,
     scheduler_output = argument(args, kwargs, "scheduler_output", 0)
     if not scheduler_output.total_num_scheduled_tokens:
         return
-    if not state.describes(runner):  # the model is loaded by the first step; a reload replaces it
+    # An engine loads its model before the first step (a reload replaces it); vLLM's own tests also step runners
+    # that have none: those are described once it is loaded.
+    loaded = getattr(runner, "model", None) is not None
+    if loaded and not state.describes(runner):
         ctx.guarded("recording the engine's numerics settings", evidence.describe_engine, state, runner)
     new_requests = scheduler_output.scheduled_new_reqs
     if new_requests:
         ctx.guarded("recording the new requests", evidence.record_requests, state, new_requests)
-    if ctx.config.routing and not state.routing_bound:  # the model is loaded by the first step
+    if loaded and ctx.config.routing and not state.routing_bound:
         ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
     if state.routing is not None:
         state.routing.discard()  # ids of forwards no step of ours covered (a dummy run)

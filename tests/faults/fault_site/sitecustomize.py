@@ -17,7 +17,10 @@ as a typo of its own variables):
 * ``gap``: msprobe-hooks' own log-prob gap computation (``logprob_gap.statistics``) raises;
 * ``double_activation``: msprobe-hooks is activated twice more, once having forgotten it was;
 * ``prompt_forward``: on rank ``FAULT_RANK`` (default 1), verl's second prompt-only forward
-  (``compute_loss`` false) raises before its first collective.
+  (``compute_loss`` false) raises before its first collective;
+* ``kill_in_dump``: the process about to write msprobe's step folder ``FAULT_KILL_DUMP`` (relative to the dump
+  root's parent, e.g. ``actor/step1``) SIGKILLs itself at that step's ``stop()``, before msprobe writes the step's
+  ``dump.json`` and before our log line: a worker lost mid-dump.
 
 Standard library only until the faulted module is imported.
 """
@@ -60,6 +63,23 @@ def _break_debugger(methods, after_first_step):
             debugger.step = step
 
     _after_msprobe(patch)
+
+
+def _kill_in_dump(module):
+    import signal
+
+    debugger = module.PrecisionDebugger
+    original = debugger.stop  # a classmethod: bound already
+    target = os.path.normpath(os.environ["FAULT_KILL_DUMP"])
+
+    def stop(*args, **kwargs):
+        service = debugger._instance.service
+        step_folder = service.dump_iter_dir or ""
+        if os.path.relpath(step_folder, os.path.dirname(str(service.config.dump_path))) == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args[1:] if args and args[0] is debugger._instance else args, **kwargs)
+
+    debugger.stop = stop
 
 
 def _remove_root():
@@ -113,6 +133,8 @@ def _install():
         _break_debugger(methods, after)
     if "prompt_forward" in faults:
         _break_prompt_forward()
+    if "kill_in_dump" in faults:
+        _after_msprobe(_kill_in_dump)
     if "cut_prompts" in faults:
         from msprobe_hooks.training import micro_batch
 

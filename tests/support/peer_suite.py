@@ -1,0 +1,108 @@
+"""An engine's own test suite run twice, with the hooks off and on, compared test by test (dd-trace-py's way).
+
+Each pass is one ``pytest`` in the engine's venv, in the suite's own folder (its conftest and pytest options), with
+a JUnit XML report; outcomes are read per test id. The "on" pass is the user's set-up: the shim first on PYTHONPATH,
+``DUMP_ON=1``, an msprobe config for the inference side, a dump root. Equal outcomes prove nothing unless the hooks
+ran, so the caller also checks what the "on" pass left: the patches it applied and the engines' dispatch logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.interpreter import clean_env, shim_env
+
+PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pytest run of the suite: its outcome per test id and what it printed."""
+
+    outcomes: dict[str, str]
+    output: str
+    returncode: int
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.outcomes.values())
+
+    def applied_patches(self) -> set[str]:
+        return set(re.findall(r"applied patch (\S+)", self.output))
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """``{classname::name: outcome}`` of a JUnit XML report (pytest's ``--junitxml``)."""
+    found = {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        found[test_id] = (
+            FAILED if "failure" in kinds else ERROR if "error" in kinds else SKIPPED if "skipped" in kinds else PASSED
+        )
+    return found
+
+
+def run_pass(
+    python: str | os.PathLike,
+    suite: Path,
+    files: Sequence[str],
+    env: Mapping[str, str],
+    junit: Path,
+    timeout: float,
+) -> Pass:
+    done = subprocess.run(
+        [os.fspath(python), "-m", "pytest", "-p", "no:cacheprovider", "-rN", "-s", f"--junitxml={junit}", *files],
+        cwd=suite,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert junit.is_file(), f"pytest wrote no report (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
+    return Pass(outcomes(junit), done.stdout + done.stderr, done.returncode)
+
+
+@dataclass(frozen=True)
+class OffOn:
+    off: Pass
+    on: Pass
+
+    def differences(self) -> dict[str, tuple[str | None, str | None]]:
+        """Test ids whose outcome differs (or that ran in one pass only): ``{id: (off, on)}``."""
+        ids = self.off.outcomes.keys() | self.on.outcomes.keys()
+        return {
+            test_id: (self.off.outcomes.get(test_id), self.on.outcomes.get(test_id))
+            for test_id in sorted(ids)
+            if self.off.outcomes.get(test_id) != self.on.outcomes.get(test_id)
+        }
+
+
+def off_and_on(
+    python: str | os.PathLike,
+    suite: Path,
+    files: Sequence[str],
+    work: Path,
+    *,
+    path: Sequence[str | os.PathLike] = (),
+    variables: Mapping[str, str] | None = None,
+    hooks: Mapping[str, str] | None = None,
+    timeout: float = 900,
+) -> OffOn:
+    """The suite's ``files`` without the hooks, then with them (``hooks``: the "on" pass's variables of ours).
+
+    ``path``: PYTHONPATH entries both passes need (the test dependencies beside the suite); ``variables``: what
+    both passes need (offline hub, CPU device). Dumps go under ``work/dumps``."""
+    work.mkdir(parents=True, exist_ok=True)
+    common = dict(variables or {})
+    off_env = clean_env(**common, PYTHONPATH=os.pathsep.join(map(os.fspath, path)))
+    on_env = shim_env(*path, **common, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(work / "dumps"), **(hooks or {}))
+    off = run_pass(python, suite, files, off_env, work / "off.xml", timeout)
+    on = run_pass(python, suite, files, on_env, work / "on.xml", timeout)
+    return OffOn(off, on)

@@ -36,7 +36,14 @@ UNITS = (
     "tests/test_sampling_params.py",
 )
 # Files that start real engines on the kit's tiny hub models: the hooks wrap their model runners and log dispatch.
-ENGINES: tuple[str, ...] = ()
+ENGINES = (
+    "tests/v1/sample/test_sampling_params_e2e.py",
+    "tests/v1/e2e/general/test_min_tokens.py",
+    "tests/v1/sample/test_head_dtype.py",
+    "tests/v1/e2e/general/test_context_length.py::test_decoder_max_context_length_validation",
+    "tests/samplers/test_ignore_eos.py",
+    "tests/v1/engine/test_llm_engine.py",
+)
 # Tests that fail on a CPU with the hooks off, each for the reason given: left out of both passes.
 _CPU_ATTENTION = "vLLM's CPU attention needs a KV block size multiple of 32 and a dtype these tests leave unset"
 DESELECTED = {
@@ -59,8 +66,8 @@ PEER = tuple(name for name in (*UNITS, *ENGINES) if name not in MAKE_TEST)
 
 def run_off_and_on(files: tuple[str, ...], work: Path):
     assert (VLLM_TESTS / "hf").is_dir(), f"{VLLM_TESTS} is incomplete: run `make vllm-tests`"
-    config = work / "msprobe_config.json"
-    work.mkdir(parents=True, exist_ok=True)
+    config, rpc = work / "msprobe_config.json", work / "rpc"
+    rpc.mkdir(parents=True)  # vLLM's IPC sockets go there: it must exist
     config.write_text(json.dumps({"task": "statistics", "level": "L0"}))
     deselected = [f"--deselect={test_id}" for test_id in DESELECTED if test_id.split("::")[0] in files]
     return off_and_on(
@@ -74,8 +81,9 @@ def run_off_and_on(files: tuple[str, ...], work: Path):
             "HF_HUB_OFFLINE": "1",
             "VLLM_TARGET_DEVICE": "cpu",
             "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_RPC_BASE_PATH": str(work / "rpc"),
+            "VLLM_RPC_BASE_PATH": str(rpc),
             "TORCHDYNAMO_DISABLE": "1",
+            "VLLM_USE_AOT_COMPILE": "0",  # on by default with this torch; with TORCHDYNAMO_DISABLE an engine refuses it
         },
         hooks={"DUMP_ON": "1", "MSPROBE_GENERATE_CONFIG": str(config)},
     )

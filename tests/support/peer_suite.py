@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -57,16 +58,20 @@ def run_pass(
     junit: Path,
     timeout: float,
 ) -> Pass:
-    done = subprocess.run(
-        [os.fspath(python), "-m", "pytest", "-p", "no:cacheprovider", "-rN", "-s", f"--junitxml={junit}", *files],
-        cwd=suite,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert junit.is_file(), f"pytest wrote no report (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
-    return Pass(outcomes(junit), done.stdout + done.stderr, done.returncode)
+    command = [os.fspath(python), "-m", "pytest", "-p", "no:cacheprovider", "-rN", "-s", f"--junitxml={junit}", *files]
+    # A session of its own: a hung engine's processes are killed with the pass.
+    with subprocess.Popen(
+        command, cwd=suite, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            raise AssertionError(f"the pass outlived {timeout} s, killed:\n{output[-4000:]}") from None
+    assert junit.is_file(), f"pytest wrote no report (exit {process.returncode}):\n{output[-4000:]}"
+    return Pass(outcomes(junit), output, process.returncode)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ tests/faults/test_vllm_own_suite.py). Deterministic: fixed seeds, a fixed commit
 
 The tokenizer is word-level (whitespace pre-tokenizer, no decoder): every token decodes to one word and words are
 joined by spaces, so tests that split generated text by whitespace and stop on the Nth word work on a random model.
-Its words are those of the tests' prompts, then fillers of one length (``w00042``): no word is a part of another,
-so a generated word used as a stop string matches only itself.
+Its words are those of the tests' prompts and JSON's booleans, then fillers of one length (``w00042``): no word is
+a part of another, so a generated word used as a stop string matches only itself.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from pathlib import Path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # a fake revision: refs/main points at it
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0-3: unk, bos, eos, pad
-# The words of the tests' own prompts, to be words of the vocabulary rather than <unk>.
+# The words of the tests' own prompts, to be words of the vocabulary rather than <unk>; and JSON's booleans, which
+# a structured-output test's grammar must be able to spell.
 PROMPTS = "Hello my name is Robert and I / The capital of France is / The future of AI is / The president of the United"
+GRAMMAR_WORDS = "true false"
 VOCAB_SIZE = 32000  # the tests name token ids up to 31999 (allowed_token_ids)
 SMALL = {
     "hidden_size": 64,
@@ -68,7 +70,7 @@ CHAT_TEMPLATE = (
 
 
 def vocabulary() -> dict[str, int]:
-    words = [*SPECIALS, *dict.fromkeys(PROMPTS.replace("/", " ").split())]
+    words = [*SPECIALS, *dict.fromkeys(f"{PROMPTS.replace('/', ' ')} {GRAMMAR_WORDS}".split())]
     words += [f"w{i:05d}" for i in range(len(words), VOCAB_SIZE)]
     return {word: i for i, word in enumerate(words)}
 

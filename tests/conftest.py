@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     "inference/test_real_rl_loop.py",
     "inference/test_real_causes.py",
     "faults/test_ray_worker_lost.py",
+    "faults/test_vllm_own_suite.py",
     "inference/test_real_vllm.py",
     "training/test_real_megatron.py",
     "training/test_trainer_patches_under_shim.py",

@@ -69,11 +69,13 @@ def run_off_and_on(files: tuple[str, ...], work: Path):
     config, rpc = work / "msprobe_config.json", work / "rpc"
     rpc.mkdir(parents=True)  # vLLM's IPC sockets go there: it must exist
     config.write_text(json.dumps({"task": "statistics", "level": "L0"}))
-    deselected = [f"--deselect={test_id}" for test_id in DESELECTED if test_id.split("::")[0] in files]
+    selections = [
+        [name, *(f"--deselect={test_id}" for test_id in DESELECTED if test_id.split("::")[0] == name)] for name in files
+    ]
     return off_and_on(
         VLLM_PYTHON,
         VLLM_TESTS,
-        [*files, *deselected],
+        selections,
         work,
         path=[VLLM_TESTS / "site"],
         variables={

@@ -1,9 +1,10 @@
 """An engine's own test suite run twice, with the hooks off and on, compared test by test (dd-trace-py's way).
 
-Each pass is one ``pytest`` in the engine's venv, in the suite's own folder (its conftest and pytest options), with
-a JUnit XML report; outcomes are read per test id. The "on" pass is the user's set-up: the shim first on PYTHONPATH,
-``DUMP_ON=1``, an msprobe config for the inference side, a dump root. Equal outcomes prove nothing unless the hooks
-ran, so the caller also checks what the "on" pass left: the patches it applied and the engines' dispatch logs.
+Each pass is one ``pytest`` per test file in the engine's venv, in the suite's own folder (its conftest and pytest
+options), with a JUnit XML report; outcomes are read per test id. The "on" pass is the user's set-up: the shim
+first on PYTHONPATH, ``DUMP_ON=1``, an msprobe config for the inference side, a dump root. Equal outcomes prove
+nothing unless the hooks ran, so the caller also checks what the "on" pass left: the patches it applied and the
+engines' dispatch logs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class Pass:
 
     def applied_patches(self) -> set[str]:
         return set(re.findall(r"applied patch (\S+)", self.output))
+
+    @classmethod
+    def merged(cls, passes: Sequence[Pass]) -> Pass:
+        outcomes = {test_id: outcome for one in passes for test_id, outcome in one.outcomes.items()}
+        return cls(outcomes, "".join(one.output for one in passes), max(one.returncode for one in passes))
 
 
 def outcomes(junit: Path) -> dict[str, str]:
@@ -92,22 +98,26 @@ class OffOn:
 def off_and_on(
     python: str | os.PathLike,
     suite: Path,
-    files: Sequence[str],
+    selections: Sequence[Sequence[str]],
     work: Path,
     *,
     path: Sequence[str | os.PathLike] = (),
     variables: Mapping[str, str] | None = None,
     hooks: Mapping[str, str] | None = None,
-    timeout: float = 900,
+    timeout: float = 420,
 ) -> OffOn:
-    """The suite's ``files`` without the hooks, then with them (``hooks``: the "on" pass's variables of ours).
+    """Each of ``selections`` (a test file and its pytest options) without the hooks, then with them (``hooks``: the
+    "on" pass's variables of ours), a pytest process each: a file's engines and globals never meet another's, as in
+    the engine's own CI (one of vLLM's runner tests left state that broke a later file's engine start).
 
     ``path``: PYTHONPATH entries both passes need (the test dependencies beside the suite); ``variables``: what
-    both passes need (offline hub, CPU device). Dumps go under ``work/dumps``."""
+    both passes need (offline hub, CPU device). Dumps go under ``work/dumps``; ``timeout``: seconds a pass may take."""
     work.mkdir(parents=True, exist_ok=True)
     common = dict(variables or {})
     off_env = clean_env(**common, PYTHONPATH=os.pathsep.join(map(os.fspath, path)))
     on_env = shim_env(*path, **common, MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(work / "dumps"), **(hooks or {}))
-    off = run_pass(python, suite, files, off_env, work / "off.xml", timeout)
-    on = run_pass(python, suite, files, on_env, work / "on.xml", timeout)
-    return OffOn(off, on)
+    off, on = [], []
+    for number, selection in enumerate(selections):
+        off.append(run_pass(python, suite, selection, off_env, work / f"off-{number}.xml", timeout))
+        on.append(run_pass(python, suite, selection, on_env, work / f"on-{number}.xml", timeout))
+    return OffOn(Pass.merged(off), Pass.merged(on))

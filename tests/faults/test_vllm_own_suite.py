@@ -14,7 +14,9 @@ contributors adding a supported vLLM release (docs/development.md).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,10 +66,9 @@ MAKE_TEST = (*UNITS[:1], *ENGINES[:1])
 PEER = tuple(name for name in (*UNITS, *ENGINES) if name not in MAKE_TEST)
 
 
-def run_off_and_on(files: tuple[str, ...], work: Path):
+def run_off_and_on(files: tuple[str, ...], work: Path, rpc: Path):
     assert (VLLM_TESTS / "hf").is_dir(), f"{VLLM_TESTS} is incomplete: run `make vllm-tests`"
-    config, rpc = work / "msprobe_config.json", work / "rpc"
-    rpc.mkdir(parents=True)  # vLLM's IPC sockets go there: it must exist
+    config = work / "msprobe_config.json"
     config.write_text(json.dumps({"task": "statistics", "level": "L0"}))
     selections = [
         [name, *(f"--deselect={test_id}" for test_id in DESELECTED if test_id.split("::")[0] == name)] for name in files
@@ -92,7 +93,13 @@ def run_off_and_on(files: tuple[str, ...], work: Path):
 
 
 def assert_same_outcomes_and_hooks_ran(files: tuple[str, ...], work: Path) -> None:
-    passes = run_off_and_on(files, work)
+    # vLLM's IPC sockets: a short folder of their own (a socket's path must stay under 107 bytes; pytest's tmp_path
+    # under xdist is longer).
+    rpc = Path(tempfile.mkdtemp(prefix="vllm-rpc"))
+    try:
+        passes = run_off_and_on(files, work, rpc)
+    finally:
+        shutil.rmtree(rpc, ignore_errors=True)
     assert passes.differences() == {}, passes.on.output[-4000:]
     counts = passes.off.counts()
     assert counts[PASSED] > 0 and counts[FAILED] == 0, (counts, passes.off.output[-4000:])

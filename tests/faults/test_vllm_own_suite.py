@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO
-from support.peer_suite import FAILED, PASSED, off_and_on
+from support.peer_suite import ERROR, FAILED, PASSED, off_and_on
 
 from msprobe_hooks.join_keys import DISPATCH_LOG
 
@@ -102,7 +102,7 @@ def assert_same_outcomes_and_hooks_ran(files: tuple[str, ...], work: Path) -> No
         shutil.rmtree(rpc, ignore_errors=True)
     assert passes.differences() == {}, passes.on.output[-4000:]
     counts = passes.off.counts()
-    assert counts[PASSED] > 0 and counts[FAILED] == 0, (counts, passes.off.output[-4000:])
+    assert counts[PASSED] > 0 and counts[FAILED] == counts[ERROR] == 0, (counts, passes.off.output[-4000:])
     print(f"vLLM's own tests, hooks off vs on: {dict(counts)} each, 0 differences", file=sys.stderr)
     assert "vllm.model_runner" in passes.on.applied_patches(), passes.on.output[-4000:]
     assert "the host goes on unaffected" not in passes.on.output  # nothing of ours failed on the way

@@ -9,15 +9,11 @@
 * :mod:`cpu_kit.vllm_engine`: a long-lived real vLLM engine (``.venv-vllm``) over JSON lines:
   generate with log-probs, weights handed over to the running engine; and its client;
 * :mod:`cpu_kit.rl_loop`: the RL loop over both engines (rollout, log-prob pass, update, weight
-<<<<<<< HEAD
   hand-over) for as many global steps as asked, with a planted sync fault on request, and real causes put on
   the rollout only (a temperature, an fp8 KV cache, vLLM's ``hf_overrides``, a prompt re-tokenized);
-=======
-  hand-over) for as many global steps as asked, with a planted sync fault on request;
 * :mod:`cpu_kit.main_ppo`: verl's own trainer (``python -m verl.trainer.main_ppo``) run on CPU, vLLM CPU as
   its rollout (``.venv-verl-e2e``): its inputs, its overrides, a launcher; :mod:`cpu_kit.verl_main_ppo_cpu`, the
   plugin verl loads in each of its processes (``VERL_USE_EXTERNAL_MODULES``), and ``main_ppo_reward.py``, its reward;
->>>>>>> ppo
 * ``cpu_kit/vllm_decode_fault/``: a vLLM plugin package (installed into ``.venv-vllm`` by
   ``make install-vllm``) that plants a decode-only fault when ``CPU_KIT_DECODE_FAULT`` is set.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 
 from support import REPO
 
@@ -40,3 +41,19 @@ def test_every_file_the_docs_and_records_name_exists() -> None:
     }
     assert not missing, sorted(missing)
     assert _named_files(sources["Patch.ran_for_real"]), "the records name the tests that ran them for real"
+
+
+_CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
+
+
+def test_no_tracked_file_holds_a_merge_conflict_marker() -> None:
+    """A merge resolved by hand once left both sides of a hunk in a page and a docstring, markers and all."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    marked = [
+        name
+        for name in tracked.split()
+        if name.endswith((".py", ".md", ".sh", ".toml", ".cfg", ".txt")) or name in ("Makefile", ".ci/run")
+        if (REPO / name).is_file() and _CONFLICT_MARKER.search((REPO / name).read_text(errors="replace"))
+    ]
+    assert not marked, marked
+    assert _CONFLICT_MARKER.search("a\n<<<<<<< HEAD\nb\n=======\nc\n>>>>>>> ppo\n")

@@ -9,6 +9,10 @@ the CLI over all pairs, a fresh process as a user runs it (``--jobs 1``), per pa
 pair, ``compare_pair`` whole and with the routing comparison left out (``routing.compare`` replaced by a no-op
 for the measurement), and ``routing.compare`` alone. Medians of ``ROUNDS``; prints seconds and shares, no
 pass/fail.
+
+Then what the training side's routers' record costs a dumped window (``msprobe_hooks.training.routed_experts``): a
+forward of a Qwen3-MoE (``RECORD_LAYERS`` layers of 8 experts, top 2) over ``RECORD_TOKENS`` tokens, alone and
+with the routers watched, and the window's line written after it, per window and per token and layer.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 7
+RECORD_TOKENS = 2048
+RECORD_LAYERS = 4
 
 
 def _golden_pairs(folder: Path) -> Path:
@@ -90,7 +96,67 @@ def main() -> int:
         f"routing.compare alone: {alone / n * 1e3:.1f} ms per pair "
         f"({alone / with_routing:.0%} of compare_pair; {alone / max(layers, 1) * 1e3:.2f} ms per MoE layer)"
     )
+    _record_cost()
     return 0
+
+
+def _record_cost() -> None:
+    """The training record's cost: a forward with and without the routers watched, and the line written after it."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from msprobe_hooks.training.routed_experts import RouterWatch
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=RECORD_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
+    model = Qwen3MoeForCausalLM(config).eval()
+    tokens = torch.randint(0, config.vocab_size, (1, RECORD_TOKENS))
+    with tempfile.TemporaryDirectory(prefix="bench-moe-record-") as folder:
+        watch = RouterWatch(lambda cfg: folder)
+        step = [0]
+
+        def forward() -> None:
+            with torch.no_grad():
+                model(tokens)
+
+        def window() -> None:
+            watch.watch(None, model)
+            forward()
+            step[0] += 1
+            watch.write(step[0], 0, 1)
+
+        def written() -> None:  # the line alone: the forward's outputs kept by a watch, then written
+            watch.watch(None, model)
+            forward()
+            began = time.perf_counter()
+            watch.write(step[0], 0, 1)
+            written_s.append(time.perf_counter() - began)
+
+        forward()
+        plain, watched = _median(forward), _median(window)
+        written_s: list[float] = []
+        for _ in range(ROUNDS):
+            written()
+        line = statistics.median(written_s)
+        size = (Path(folder) / next(p.name for p in Path(folder).iterdir()) / "routed_experts.jsonl").stat().st_size
+        lines = 2 * ROUNDS
+    cells = RECORD_TOKENS * RECORD_LAYERS
+    print(
+        f"training routers' record, Qwen3-MoE {RECORD_LAYERS} layers x {RECORD_TOKENS} tokens: forward "
+        f"{plain * 1e3:.1f} ms alone, {watched * 1e3:.1f} ms watched and written ({watched / plain:.2f}x); the line "
+        f"{line * 1e3:.1f} ms, {line / cells * 1e6:.2f} us and {size / lines / cells:.0f} bytes per token and layer"
+    )
 
 
 if __name__ == "__main__":

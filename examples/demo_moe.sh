@@ -3,8 +3,8 @@
 # verl's FSDP2 engine and vLLM's engine, the routers' choices compared, twice: vLLM on the same checkpoint (every
 # token keeps its experts), then on a copy whose layer-1 router has one weight row scaled (cpu_kit/moe_inputs.py
 # planted it so that a known share of the tokens goes to other experts; the report must say "routing diverges at
-# layer 1" with that share). Training dumps in tensor mode (the routers' expert ids are only there); vLLM dumps
-# statistics and, with MSPROBE_HOOKS_ROUTING=1, the ids its routers chose (routed_experts.jsonl), at tensor
+# layer 1" with that share). Both sides dump statistics with no routing switch: each side's process writes the
+# experts its routers chose (routed_experts.jsonl, beside its log) for every dumped forward; vLLM runs at tensor
 # parallel 2 on the clean checkpoint.
 #   bash examples/demo_moe.sh TRAIN_VENV_BIN VLLM_VENV_BIN [OUT_DIR]   (default examples/msprobe_dump/moe)
 set -euo pipefail
@@ -15,15 +15,15 @@ PYTHONPATH=.. "$train_bin/python" -m cpu_kit.moe_inputs "$out/inputs" | grep -E 
 prompts=$out/inputs/prompts.jsonl
 
 export DUMP_ON=1 PROMPTS_ONLY=1 TORCHDYNAMO_DISABLE=1
-echo "== training side: verl's FSDP2 engine, prompt-only dumps in tensor mode (the routers' expert ids)"
-MSPROBE_HOOKS_OUTPUT_DIR=$out/train MSPROBE_ACTOR_CONFIG=$PWD/msprobe_l0_tensor.json quietly train \
+echo "== training side: verl's FSDP2 engine, prompt-only dumps (statistics; the routers' choices recorded beside)"
+MSPROBE_HOOKS_OUTPUT_DIR=$out/train MSPROBE_ACTOR_CONFIG=$PWD/msprobe_l0.json quietly train \
 	"$train_bin/msprobe-hooks" run -- "$train_bin/python" cpu_demo.py --model "$out/inputs/moe" --prompts "$prompts"
 
 for run in "moe 2" "moe-router 1"; do
 	set -- $run
 	echo
-	echo "== inference side: vLLM (tensor parallel $2) on inputs/$1, MSPROBE_HOOKS_ROUTING=1"
-	MSPROBE_HOOKS_OUTPUT_DIR=$out/$1 MSPROBE_GENERATE_CONFIG=$PWD/msprobe_l0.json MSPROBE_HOOKS_ROUTING=1 \
+	echo "== inference side: vLLM (tensor parallel $2) on inputs/$1"
+	MSPROBE_HOOKS_OUTPUT_DIR=$out/$1 MSPROBE_GENERATE_CONFIG=$PWD/msprobe_l0.json \
 		VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$([ "$2" = 2 ] && echo "0|1" || echo auto) \
 		VLLM_RPC_BASE_PATH=$rpc quietly "vllm-$1" "$vllm_bin/msprobe-hooks" run -- "$vllm_bin/python" \
 		vllm_generate.py "$out/inputs/$1" "$prompts" --tensor-parallel-size "$2"

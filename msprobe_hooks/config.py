@@ -309,9 +309,11 @@ VARIABLES: tuple[Variable, ...] = (
         "routing",
         Flag(),
         "0",
-        "Record, in the inference engine, the experts each MoE router chose for every token of a dumped step "
+        "Record, in the inference engine, the experts each MoE router chose for every token of every step "
         "(vLLM: the router's capture hook on each MoERunner): one routed_experts.jsonl line per step beside "
-        "the dispatch log, which compare's routing section reads. Dense models: nothing to record (one line).",
+        "the dispatch log, which compare's routing section reads. Not needed where the hooks drive the dump "
+        "(MSPROBE_GENERATE_CONFIG): each dumped step's line is written then anyway. Dense models: nothing to "
+        "record (one line).",
     ),
     Variable(
         PREFIX + "GAP_THRESHOLD",

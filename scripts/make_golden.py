@@ -56,7 +56,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   ``MSPROBE_HOOKS_ROUTING=1`` (its ``routed_experts.jsonl``) in fp32 (``fp32/``) and bf16 (``bf16/``), on a
   copy whose layer-1 router sends a known share of the tokens elsewhere (``router/``, ``bf16_router/``; what
   was planted: ``router_fault.json``), on one with ``layers.1.self_attn.o_proj`` x1.05 (``attention/``), and
-  without the routing switch (``no_routing/``).
+  without the routing switch (``no_routing/``: the routing of its dumped steps recorded all the same). Each
+  training process's ``routed_experts.jsonl`` is beside its log, in statistics and tensor mode alike.
 * ``moe_sglang/``: the same Qwen3-MoE on SGLang in tensor mode (its ``TopK`` module's expert ids), against
   ``moe/actor``; cut to its prefill steps and, of its tensors, the expert ids;
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,

@@ -1,39 +1,23 @@
-"""The experts an inference engine's MoE routers chose, per token and layer: one line per model step.
+"""The experts an inference engine's MoE routers chose, per token and layer: one line per dumped model step.
 
-With ``MSPROBE_HOOKS_ROUTING=1`` an engine patch hands every router's top-k expert ids to a
-:class:`RoutingRecorder` during the forward (vLLM: the capture hook of each ``MoERunner``'s router,
-the one vLLM's own routed-experts capture uses) and writes them once the step is over, into
-``{generate dump_path}/{pid}/routed_experts.jsonl`` beside the dispatch log::
-
-    {"step": 3, "rank": 0, "dumped": true, "tokens": 12,
-     "requests": [{"request_id": "req-1-1a2b3c4d", "request_id_base": "req-1", "offset": 0, "tokens": 12}],
-     "layers": {"0": [[5, 2], [1, 7], ...], "1": [...]}}
-
-``step`` is the msprobe ``step{N}`` folder of that forward (the dispatch line's), ``layers`` maps a
-decoder layer's number to the ids ``[tokens, k]`` in the engine's packed token order, the order of
-``requests``. Written only for dumped steps when a debugger runs (``dumped``), for every step when none
-does. ``compare`` reads it (``msprobe_hooks.analysis.comparing.routing``).
+Whenever this process's patch drives an msprobe dump (``MSPROBE_GENERATE_CONFIG``), and on every step with
+``MSPROBE_HOOKS_ROUTING=1``, an engine patch hands every router's top-k expert ids to a :class:`RoutingRecorder`
+during the forward (vLLM: the capture hook of each ``MoERunner``'s router, the one vLLM's own routed-experts
+capture uses) and writes them once the step is over, into ``{generate dump_path}/{pid}/routed_experts.jsonl``
+beside the dispatch log, in the format both sides share (:mod:`msprobe_hooks.routing`), with ``requests``: whose
+tokens they are, in the engine's packed order. Written only for dumped steps when a debugger runs (``dumped``;
+the routers' ids of other steps are not even copied), for every step when none does.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.jsonl import JsonlLog
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def layer_of(module_name: str, fallback: Any = None) -> int | None:
-    """The decoder layer a module's dotted name sits in (``model.layers.3.mlp.experts``: 3), else ``fallback``."""
-    match = _LAYER.search(module_name + ".")
-    if match:
-        return int(match.group(1))
-    return fallback if isinstance(fallback, int) else None
+from msprobe_hooks.routing import layer_of
 
 
 class RoutingRecorder:
@@ -43,9 +27,12 @@ class RoutingRecorder:
         self.log = JsonlLog(root, ROUTED_EXPERTS_LOG)
         self.layers: dict[int, list[Any]] = {}
         self.routers = 0  # routers whose capture hook feeds this recorder
+        self.armed = True  # the step in progress is written: False in a step a driven debugger does not dump
 
     def capture(self, layer: int, topk_ids: Any) -> None:
         """One router call's top-k ids ``[tokens, k]`` (a tensor); copied, the engine may reuse its buffer."""
+        if not self.armed:
+            return
         self.layers.setdefault(layer, []).append(topk_ids.detach().to("cpu", copy=True))
 
     def discard(self) -> None:

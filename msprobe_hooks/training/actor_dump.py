@@ -34,7 +34,7 @@ from msprobe_hooks import debugger as debugger_module
 from msprobe_hooks import join_keys, patching, storage
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
-from msprobe_hooks.training import engine_record, logprob_gap, rank_claim
+from msprobe_hooks.training import engine_record, logprob_gap, rank_claim, routed_experts
 from msprobe_hooks.training.micro_batch import (
     SampleInfo,
     describe_samples,
@@ -102,6 +102,7 @@ class ActorDumper:
         self._log: JsonlLog | None = None
         self._gap_log = logprob_gap.GapLog(lambda cfg: self.dump_root(cfg)[1])
         self._engine_log = engine_record.EngineLog(lambda cfg: self.dump_root(cfg)[1])
+        self._routers = routed_experts.RouterWatch(lambda cfg: self.dump_root(cfg)[1])
         self._root: tuple[str, str] | None = None  # (actor config path, training dump root)
         self._unreached: set[type] = set()  # engine classes already reported as never dumped
         self._rank_claimed = False  # the dump root's rank claimed at the first line (rank_claim)
@@ -234,6 +235,8 @@ class ActorDumper:
         fields = {"phase": current.phase, "micro_batch": current.micro_batch, "dump": dump, **current.line_fields}
         recording = debugger_module.is_recording()
         self._window = DumpWindow(step, recording, current.patch, fields, micro_batch=micro_batch, **known)
+        if recording:
+            current.patch.guarded("watching the MoE routers", self._routers.watch, current.patch.config, model)
 
     def attach(self, micro_batch: Any) -> None:
         """Name the micro-batch of the open window (Megatron: known only inside the schedule)."""
@@ -256,13 +259,16 @@ class ActorDumper:
     def _close(self, window: DumpWindow, write: bool) -> None:
         debugger = self._debugger
         try:
-            debugger.stop()
-        except Exception:
-            debugger_module.stop_recording(debugger)  # left recording, msprobe would run in the host's next forward
-            raise
-        debugger.step()
-        if window.recording and write:
-            self._write(window, debugger)
+            try:
+                debugger.stop()
+            except Exception:
+                debugger_module.stop_recording(debugger)  # left recording, msprobe would run in the next forward
+                raise
+            debugger.step()
+            if window.recording and write:
+                self._write(window, debugger)
+        finally:
+            self._routers.release()  # hooks of a window that wrote no line, or failed
 
     def forward_done(self, phase: str, result: Any) -> None:
         """A micro-batch's forward returned ``result`` (``(loss, ...)``): close its window now in a
@@ -336,6 +342,9 @@ class ActorDumper:
         except OSError as exc:  # a full or removed dump root: one line naming the cause and the step
             what = f"the {join_keys.TRAINING_LOG} line of step {window.step}"
             storage.report_loss(what, exc, self._log.path, patching.strict())
+        window.patch.guarded(
+            "writing the window's routed experts", self._routers.write, window.step, record["rank"], global_step
+        )
 
     # --- the two kinds of micro-batch dump -----------------------------------------------------
 

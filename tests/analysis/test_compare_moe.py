@@ -1,12 +1,13 @@
 """Qwen3-MoE and Qwen3 on the real engines: verl's FSDP2 engine against vLLM's CPU engine, the routers compared.
 
-The MoE model (``cpu_kit/moe_inputs.py``: 3 layers of 8 experts, top 2) and four prompts (52 tokens): verl's
-FSDP2 engine dumps its prompt-only forwards in tensor mode (the routers' expert ids), vLLM dumps statistics
-with ``MSPROBE_HOOKS_ROUTING=1`` (each worker writes the ids its routers chose into ``routed_experts.jsonl``),
-at tensor parallel 2 on the clean model and at 1 on a copy whose layer-1 router row was scaled so that a
-known share of the tokens goes to other experts. The dense Qwen3 runs once, against a copy with
-``layers.1.self_attn.k_norm`` x1.05 (routing switched on: there is nothing to record). Each compare runs
-through the CLI, as a user does.
+The MoE model (``cpu_kit/moe_inputs.py``: 3 layers of 8 experts, top 2) and four prompts (52 tokens), both sides
+dumping statistics with no routing switch, as a user dumps: verl's FSDP2 engine its prompt-only forwards (its
+process writes the ids and margins its routers returned into ``routed_experts.jsonl``), vLLM the steps the hooks
+drive (each worker writes the ids its routers chose into its own), at tensor parallel 2 on the clean model and at 1
+on a copy whose layer-1 router row was scaled so that a known share of the tokens goes to other experts. (The
+tensor-mode path, the routers' ids read from the training dump, is proven on the golden ``moe`` trees.) The dense
+Qwen3 runs once, against a copy with ``layers.1.self_attn.k_norm`` x1.05 (routing switched on: there is nothing to
+record). Each compare runs through the CLI, as a user does.
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ def moe(tmp_path_factory):
     prompts = moe_inputs.write_prompts(root / "prompts.jsonl")
     model = Path(moe_inputs.build_qwen3_moe_dir(str(root / "moe")))
     fault = moe_inputs.plant_router_fault(model, root / "moe-router", moe_inputs.read_prompt_ids(prompts))
-    tensor = msprobe_config(root / "tensor.json", task="tensor")
     stats = msprobe_config(root / "statistics.json")
-    return root, model, prompts, fault, stats, run_training(root / "train", model, prompts, tensor)
+    return root, model, prompts, fault, stats, run_training(root / "train", model, prompts, stats)
 
 
 def _pairs(moe, name: str, model: Path, tp: int) -> Path:
     root, _, prompts, _, stats, train_root = moe
-    generate_root = run_vllm(root / name, model, prompts, stats, tp=tp, **ROUTING)
+    generate_root = run_vllm(root / name, model, prompts, stats, tp=tp)
     pairs = align(train_root, generate_root, root / name / "pairs.jsonl")
     assert sorted(p["key"] for p in pairs) == [f"req-{i}" for i in range(len(moe_inputs.PROMPT_LENS))]
     return root / name / "pairs.jsonl"
@@ -55,6 +55,8 @@ def test_tp2_clean_fp32_names_nothing_and_both_ranks_route_alike(moe, tmp_path):
     assert list(results["routing_flipped"]) == [0] * 4
     assert list(results["routing_layers"]) == [moe_inputs.MOE_LAYERS] * 4
     assert "routing agrees" in done.stdout
+    (train_log,) = moe[5].glob(f"*/{ROUTED_EXPERTS_LOG}")  # the training side's ids came from its own record
+    assert len(train_log.read_text().splitlines()) == len(moe_inputs.PROMPT_LENS)  # one per prompt-only window
     # each tensor-parallel worker captured its routers; the router is replicated, so the choices are equal
     logs = sorted((pairs_file.parent / "generate").glob(f"*/{ROUTED_EXPERTS_LOG}"))
     assert len(logs) == 2

@@ -1,7 +1,7 @@
 """Qwen3 and Qwen3-MoE on the golden trees (real dumps, cut once): the q/k norms, the MoE block, the routers' choices.
 
-``tests/golden/qwen3`` and ``tests/golden/moe`` hold real dumps of verl's FSDP2 engine, vLLM's CPU engine
-(``MSPROBE_HOOKS_ROUTING=1``: its ``routed_experts.jsonl``) and SGLang's, on two prompts (10 tokens);
+``tests/golden/qwen3`` and ``tests/golden/moe`` hold real dumps of verl's FSDP2 engine, vLLM's CPU engine (its
+``routed_experts.jsonl``) and SGLang's, on two prompts (10 tokens), each side's routers' record written by the hooks;
 ``scripts/make_golden.py`` says how they were made, ``moe/router_fault.json`` what the router fault planted.
 No engine starts here; ``tests/analysis/test_compare_moe.py`` runs the engines.
 """
@@ -187,9 +187,15 @@ def _swap_at_the_edge(tmp_path: Path, relative_margin: str) -> tuple[Path, int]:
     return generate, layer
 
 
-def test_a_flip_whose_margin_is_within_the_noise_is_reported_and_not_blamed(tmp_path):
+# The training side's margins from its tensor dump's logits, or from its statistics run's own record (the same model
+# and prompts: the token picked by the tensor dump's logits must be judged alike from the record).
+TRAINING_TREES = pytest.mark.parametrize("actor", ["actor", "actor_statistics"])
+
+
+@TRAINING_TREES
+def test_a_flip_whose_margin_is_within_the_noise_is_reported_and_not_blamed(tmp_path, actor):
     generate, layer = _swap_at_the_edge(tmp_path, "narrow")
-    results, _ = compare(tmp_path, MOE / "actor", generate)
+    results, _ = compare(tmp_path, MOE / actor, generate)
     table = routed(tmp_path)
     flipped = table[table["flipped"] > 0]
     assert list(flipped["layer"]) == [layer] and list(flipped["within_noise"]) == [1]
@@ -201,9 +207,10 @@ def test_a_flip_whose_margin_is_within_the_noise_is_reported_and_not_blamed(tmp_
     )
 
 
-def test_the_same_flip_at_a_wide_margin_is_named_routing(tmp_path):
+@TRAINING_TREES
+def test_the_same_flip_at_a_wide_margin_is_named_routing(tmp_path, actor):
     generate, layer = _swap_at_the_edge(tmp_path, "wide")
-    results, _ = compare(tmp_path, MOE / "actor", generate)
+    results, _ = compare(tmp_path, MOE / actor, generate)
     table = routed(tmp_path)
     flipped = table[table["flipped"] > 0]
     assert list(flipped["layer"]) == [layer] and list(flipped["beyond_noise"]) == [1]
@@ -220,8 +227,49 @@ def test_a_router_fault_in_bf16_is_still_named_routing(tmp_path):
     assert table[table["layer"] == 0]["flipped"].sum() == 0
 
 
-def test_routing_needs_the_training_routers_in_tensor_mode(tmp_path):
-    results, _ = compare(tmp_path, MOE / "actor_statistics", MOE / "fp32" / "generate")
+def _without_routing_record(tmp_path: Path, tree: Path) -> Path:
+    """A copy of ``tree`` whose processes wrote no routed_experts.jsonl (an older msprobe-hooks, a process that
+    died before it wrote one)."""
+    copy = tmp_path / f"{tree.parent.name}-{tree.name}"
+    shutil.copytree(tree, copy)
+    logs = list(copy.glob(f"*/{routing.ROUTED_EXPERTS_LOG}"))
+    assert logs, f"the golden {tree} holds its routers' record"
+    for log in logs:
+        log.unlink()
+    return copy
+
+
+@pytest.mark.parametrize("generate", ["router", "bf16_router"])
+def test_a_statistics_dump_routes_as_the_tensor_dump_from_what_its_routers_returned(tmp_path, generate):
+    """msprobe's statistics hold the ids' max and min only: the training process's routed_experts.jsonl (ids and
+    margins, from its routers' own outputs, beside each dumped window) gives the same routing as the tensor dump."""
+    for run in ("statistics", "tensor"):
+        (tmp_path / run).mkdir()
+    results, _ = compare(tmp_path / "statistics", MOE / "actor_statistics", MOE / generate / "generate")
+    compare(tmp_path / "tensor", MOE / "actor", MOE / generate / "generate")
+    statistics, tensor = routed(tmp_path / "statistics"), routed(tmp_path / "tensor")
+    assert set(statistics["status"]) == {Status.COMPARED.value}
+    assert statistics["train_source"].str.startswith(routing.ROUTED_EXPERTS_LOG).all()
+    assert not tensor["train_source"].str.startswith(routing.ROUTED_EXPERTS_LOG).any()
+    same = ["pair", "layer", "tokens", "flipped", "within_noise", "beyond_noise", "top_k"]
+    pandas.testing.assert_frame_equal(statistics[same], tensor[same])
+    pandas.testing.assert_series_equal(statistics["margin_min"], tensor["margin_min"], rtol=1e-4)
+    fault = planted()
+    assert set(results["routing_layer"].dropna()) == {fault["layer"]}
+    assert set(results[results["routing_layer"].notna()]["first_rule"]) == {FirstRule.ROUTING.value}
+
+
+def test_a_statistics_dump_in_bf16_clean_routes_alike_and_blames_no_router(tmp_path):
+    results, _ = compare(tmp_path, MOE / "actor_statistics", MOE / "bf16" / "generate")
+    table = routed(tmp_path)
+    assert set(table["status"]) == {Status.COMPARED.value}
+    assert table["flipped"].sum() == table["within_noise"].sum()  # a flip at a near tie only (none in these 10)
+    assert FirstRule.ROUTING.value not in set(results["first_rule"].dropna())
+
+
+def test_without_the_training_record_a_statistics_dump_says_why_routing_is_not_compared(tmp_path):
+    actor = _without_routing_record(tmp_path, MOE / "actor_statistics")
+    results, _ = compare(tmp_path, actor, MOE / "fp32" / "generate")
     assert list(results["verdict"]) == [Verdict.NO_DIVERGENCE.value] * 2
     table = routed(tmp_path)
     assert set(table["status"]) == {Status.NOT_COMPARABLE.value}
@@ -231,8 +279,16 @@ def test_routing_needs_the_training_routers_in_tensor_mode(tmp_path):
     )
 
 
-def test_routing_needs_the_inference_record(tmp_path):
+def test_a_driven_inference_dump_records_its_routing_with_no_switch(tmp_path):
+    """``no_routing``: vLLM dumped by MSPROBE_GENERATE_CONFIG without MSPROBE_HOOKS_ROUTING: routing compared."""
     compare(tmp_path, MOE / "actor", MOE / "no_routing" / "generate")
+    table = routed(tmp_path)
+    assert set(table["status"]) == {Status.COMPARED.value} and table["flipped"].sum() == 0
+
+
+def test_without_the_inference_record_routing_is_not_compared_and_says_why(tmp_path):
+    generate = _without_routing_record(tmp_path, MOE / "no_routing" / "generate")
+    compare(tmp_path, MOE / "actor", generate)
     assert set(routed(tmp_path)["reason"]) == {routing.NO_INFERENCE_IDS}
 
 

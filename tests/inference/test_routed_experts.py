@@ -12,8 +12,9 @@ import json
 import torch
 
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
-from msprobe_hooks.inference.routed_experts import RoutingRecorder, bind, layer_of
+from msprobe_hooks.inference.routed_experts import RoutingRecorder, bind
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
+from msprobe_hooks.routing import layer_of
 
 
 class Router:
@@ -98,3 +99,20 @@ def test_modules_without_a_router_hook_bind_nothing(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert bind(model, RoutingRecorder(str(tmp_path)), unguarded) == 0
     assert layer_of("model.layers.12.mlp.experts") == 12 and layer_of("lm_head", 3) == 3 and layer_of("x") is None
+
+
+def test_a_step_the_driven_debugger_does_not_dump_copies_no_ids(tmp_path):
+    """With a dump driven, the routers run at every step and only dumped steps are written: the others' ids must not
+    even be copied (a device-to-host copy per router per step), and a dumped step after them holds its own only."""
+    model = Model(1)
+    recorder = RoutingRecorder(str(tmp_path))
+    bind(model, recorder, unguarded)
+    capture = model.model.layers[0].mlp.experts.router.capture_fn
+    recorder.armed = False  # what VllmRunner.on_started sets for a step msprobe does not record
+    capture(torch.tensor([[5, 6]]))
+    assert recorder.layers == {}
+    recorder.armed = True
+    capture(torch.tensor([[1, 2]]))
+    recorder.flush(1, 0, True, [request("a", 1)])
+    (path,) = tmp_path.glob(f"*/{ROUTED_EXPERTS_LOG}")
+    assert [json.loads(text)["layers"] for text in path.read_text().splitlines()] == [{"0": [[1, 2]]}]

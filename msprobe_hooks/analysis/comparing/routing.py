@@ -5,12 +5,14 @@ a routing flip explains everything after it; the numeric comparison alone shows 
 logits diverge". Per pair and MoE layer (a layer with a ``router`` rule in the name map):
 
 * **training side**: the router's expert ids, from a tensor-mode dump (HF's ``Qwen3MoeTopKRouter`` returns
-  ``(logits, weights, ids)``: the integer output; statistics hold only their max and min, so a statistics
-  dump says so and compares no routing), and its logits (output 0), for the margins;
-* **inference side**: what the engine chose, from ``routed_experts.jsonl`` (``MSPROBE_HOOKS_ROUTING=1``,
-  :mod:`msprobe_hooks.inference.routed_experts`: vLLM's own router capture), else from a tensor-mode dump of
-  an engine whose top-k choice is a module (SGLang's ``TopK``: its ``topk_ids``). (A level-``mix`` tensor
-  dump's ``Torch.topk`` rows hold vLLM's ids too, but which call is which layer's is not said there: not read.)
+  ``(logits, weights, ids)``: the integer output) and its logits (output 0), for the margins; else (statistics
+  hold only the ids' max and min) from its process's ``routed_experts.jsonl``, written beside every dumped window
+  (:mod:`msprobe_hooks.training.routed_experts`: the ids and each token's margin);
+* **inference side**: what the engine chose, from ``routed_experts.jsonl`` (written for every dumped step the
+  hooks drive, or every step with ``MSPROBE_HOOKS_ROUTING=1``; :mod:`msprobe_hooks.inference.routed_experts`:
+  vLLM's own router capture), else from a tensor-mode dump of an engine whose top-k choice is a module (SGLang's
+  ``TopK``: its ``topk_ids``). (A level-``mix`` tensor dump's ``Torch.topk`` rows hold vLLM's ids too, but which
+  call is which layer's is not said there: not read.)
 
 A token **flips** when its *set* of top-k experts differs. Per flipped token this module also takes the
 training logits' top-k margin (the k-th largest logit minus the next) and the token's largest ``|logit|``:
@@ -36,26 +38,30 @@ from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 # an engine's top-k module after it (SGLang's TopK: its ids, in a tensor-mode dump).
 CHOOSERS = (CompareKind.ROUTER, CompareKind.TOPK)
 STATISTICS_ONLY = (
-    "the training dump holds statistics: a router's expert ids show only as their max and min; dump the routers "
-    "in tensor mode (docs/analysis.md, 'Routing')"
+    f"the training dump holds statistics (a router's expert ids show only as their max and min) and its process "
+    f"wrote no {ROUTED_EXPERTS_LOG} line for this step (an older msprobe-hooks, or the process died first): "
+    "dump the routers in tensor mode (docs/analysis.md, 'Routing')"
 )
 NO_TRAINING_ROUTER = (
     "no module of the training dump is a router by the name map (a rule with compare: router): add one with "
     "--mapping (docs/analysis.md, 'The name map')"
 )
 NO_INFERENCE_IDS = (
-    "the inference side recorded no expert ids for this step: set MSPROBE_HOOKS_ROUTING=1 "
-    f"(vLLM: {ROUTED_EXPERTS_LOG} beside the dispatch log), or dump it in tensor mode (SGLang: its TopK module)"
+    f"the inference side recorded no expert ids for this step (vLLM: no {ROUTED_EXPERTS_LOG} line: a dump msprobe "
+    "drove itself, e.g. vLLM-Ascend's switch, needs MSPROBE_HOOKS_ROUTING=1); SGLang: dump it in tensor mode (its "
+    "TopK module)"
 )
 
 
 @dataclass
 class _Choice:
-    """One router call on one side: its expert ids ``[T, k]`` (a tensor), and the training side's logits."""
+    """One router call on one side: its expert ids ``[T, k]`` (a tensor), and the training side's logits or its
+    recorded margins ``[T, 2]`` (the top-k margin and the largest ``|logit|`` of each token)."""
 
     ids: Any
     source: str
     logits: Any = None
+    margins: Any = None
 
 
 def _router_layers(rows: Sequence[ModuleRow], table: names.NameMap) -> dict[int, str]:
@@ -103,9 +109,19 @@ def _load(dump: str, tensor: dict) -> Any:
     return dumpfile.load_tensor(path) if path else None
 
 
-def training_choices(dump: str, routers: Sequence[RouterEntry]) -> tuple[dict[int, _Choice], str | None]:
-    """Per MoE layer the training router's ids and logits (``routers``: the dump's); or why there are none (a
-    statistics dump)."""
+def training_choices(pair: Pair, routers: Sequence[RouterEntry]) -> tuple[dict[int, _Choice], str | None]:
+    """Per MoE layer the training router's ids and logits (``routers``: the dump's), else the ids and margins its
+    process recorded for the pair's step; or why there are none."""
+    if not routers:
+        return {}, NO_TRAINING_ROUTER
+    choices = _tensor_choices(pair.train.dump, routers)
+    if not choices:
+        choices = _logged_choices(pair.train.routed_experts_log, pair.train.step, pair.train.rank)
+    return choices, None if choices else STATISTICS_ONLY
+
+
+def _tensor_choices(dump: str, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
+    """Per MoE layer the training router's ids and logits a tensor-mode dump holds."""
     choices: dict[int, _Choice] = {}
     for layer, raw, entry in routers:
         outputs = _outputs(entry)
@@ -115,11 +131,30 @@ def training_choices(dump: str, routers: Sequence[RouterEntry]) -> tuple[dict[in
             continue
         logits = _load(dump, outputs[0][1]) if not _is_int(outputs[0][1]) else None
         choices[layer] = _Choice(loaded.reshape(-1, loaded.shape[-1]), f"{raw}.{label}", logits)
-    if not routers:
-        return choices, NO_TRAINING_ROUTER
-    if not choices:
-        return choices, STATISTICS_ONLY
-    return choices, None
+    return choices
+
+
+def _logged_choices(path: str | None, step: int | None, rank: int | None) -> dict[int, _Choice]:
+    """Per MoE layer the ids (and margins, where written) of a ``routed_experts.jsonl`` line of ``step``."""
+    import torch
+
+    if path is None or not os.path.isfile(path):
+        return {}
+    for _, record in jsonl.records(path):
+        if record.get("step") != step or (rank is not None and record.get("rank") not in (None, rank)):
+            continue
+        source = f"{ROUTED_EXPERTS_LOG} step {record['step']}"
+        margins = record.get("margins") or {}
+        return {
+            int(layer): _Choice(
+                torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1),
+                source,
+                margins=torch.tensor(margins[layer], dtype=torch.float64) if margins.get(layer) else None,
+            )
+            for layer, ids in record.get("layers", {}).items()
+            if ids
+        }
+    return {}
 
 
 def dumped_choices(dump: str, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
@@ -137,22 +172,8 @@ def dumped_choices(dump: str, routers: Sequence[RouterEntry]) -> dict[int, _Choi
 def generate_choices(pair: Pair, routers: Sequence[RouterEntry]) -> dict[int, _Choice]:
     """Per MoE layer the ids the inference engine chose in the pair's step: its ``routed_experts.jsonl``, else the
     ids its tensor-mode dump holds (SGLang's TopK output; ``routers``: the dump's)."""
-    import torch
-
-    path = pair.generate.routed_experts_log
-    if path is not None and os.path.isfile(path):
-        for _, record in jsonl.records(path):
-            if record.get("step") != pair.generate.step:
-                continue
-            if pair.generate.rank is not None and record.get("rank") not in (None, pair.generate.rank):
-                continue
-            source = f"{ROUTED_EXPERTS_LOG} step {record['step']}"
-            return {
-                int(layer): _Choice(torch.tensor(ids, dtype=torch.long).reshape(len(ids), -1), source)
-                for layer, ids in record.get("layers", {}).items()
-                if ids
-            }
-    return dumped_choices(pair.generate.dump, routers)
+    logged = _logged_choices(pair.generate.routed_experts_log, pair.generate.step, pair.generate.rank)
+    return logged or dumped_choices(pair.generate.dump, routers)
 
 
 def _rows(tensor: Any, rows: tuple[int, int] | None) -> Any:
@@ -190,6 +211,10 @@ def compare_layer(layer: int, train: _Choice, generate: _Choice, pair: Pair, mod
             margin = ordered[:, out.top_k - 1] - ordered[:, out.top_k]
             largest = logits.abs().max(dim=-1).values
             out.margins = list(zip(margin[flipped].tolist(), largest[flipped].tolist(), strict=True))
+    elif train.margins is not None:
+        recorded = _rows(train.margins, t_rows)
+        if recorded.shape[0] == t_ids.shape[0]:
+            out.margins = [(margin, largest) for margin, largest in recorded[flipped].tolist()]
     return out
 
 
@@ -208,7 +233,7 @@ def compare(
     routers = _router_layers(rows, table)
     if not routers:
         return
-    train, why = training_choices(pair.train.dump, train_routers)
+    train, why = training_choices(pair, train_routers)
     generate = generate_choices(pair, generate_routers) if not why else {}
     layers = []
     for layer in sorted(routers):

@@ -31,7 +31,7 @@ the published ``recipe``).
 
 The files beside each side's log that later stages read, written only when ``align`` found them:
 ``train.gap_logs``, every training process's ``logprob_gap.jsonl`` (the symptom: a sample's log-prob
-pass may have run in another process than its update), and ``generate.routed_experts_log``, its
+pass may have run in another process than its update), and each side's ``routed_experts_log``, its
 process's ``routed_experts.jsonl`` (the engine's MoE routing). A pairs file without them (an older
 ``align``) is read with them looked up where the dump trees' layout puts them
 (:mod:`msprobe_hooks.analysis.layout`); no stage after this one finds a file by counting folders.
@@ -77,6 +77,7 @@ class _Side:
     log: str | None = None
     line: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer align, kept as they were read
+    routed_experts_log: str | None = None  # its process's routed_experts.jsonl (MoE routing); None: none found
 
 
 @dataclass
@@ -124,7 +125,6 @@ class GenerateSide(_Side):
     format: str = LOG_FORMATS[0]
     rows: list[int] | None = None  # [start, stop) of the request's token rows in the dump; None: all of them
     shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
-    routed_experts_log: str | None = None  # its process's routed_experts.jsonl; None: none found
     engine_log: str | None = None  # its process's engine.jsonl (the engine's numerics settings); None: none found
     requests_log: str | None = None  # its process's requests.jsonl (sampling, prompt ids); None: none found
 
@@ -133,7 +133,7 @@ class GenerateSide(_Side):
 _OPTIONAL = frozenset({"shards", "layer_offset", "gap_logs", "routed_experts_log", "engine_log", "requests_log"})
 # The files of a side's own process folder that later stages read, by field: where the layout puts them.
 PROCESS_FILES: dict[str, tuple[str, ...]] = {
-    "train": ("engine_log",),
+    "train": ("routed_experts_log", "engine_log"),
     "generate": ("routed_experts_log", "engine_log", "requests_log"),
 }
 

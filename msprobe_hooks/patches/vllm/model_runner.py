@@ -88,8 +88,10 @@ def _record_step(ctx: PatchContext, runner: Any, state: VllmRunner, args: tuple,
     new_requests = scheduler_output.scheduled_new_reqs
     if new_requests:
         ctx.guarded("recording the new requests", evidence.record_requests, state, new_requests)
-    if loaded and ctx.config.routing and not state.routing_bound:
-        ctx.guarded("setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded)
+    if loaded and (ctx.config.routing or state.drive_config is not None) and not state.routing_bound:
+        ctx.guarded(
+            "setting the MoE routers' capture", state.bind_routing, runner.get_model(), ctx.guarded, ctx.config.routing
+        )
     if state.routing is not None:
         state.routing.discard()  # ids of forwards no step of ours covered (a dummy run)
     if state.drive_config is not None and state.debugger is None:

@@ -71,7 +71,7 @@ class VllmRunner(RunnerLog):
         self.in_step = False  # a start() of ours awaits its stop()/step()
         self.window: StepWindow | None = None
         self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
-        self.routing: RoutingRecorder | None = None  # MSPROBE_HOOKS_ROUTING: the routers' choices of each step
+        self.routing: RoutingRecorder | None = None  # the routers' choices of each dumped step (or every step)
         self.routing_bound = False  # the routers were looked for (once the model is loaded)
         self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
         self.evidence: EvidenceLogs | None = None  # engine.jsonl and requests.jsonl, beside the dispatch log
@@ -107,16 +107,17 @@ class VllmRunner(RunnerLog):
         if self.routing is not None:  # only end_routing() reads it: no copy of the rows at every step otherwise
             self.last_line = (step, dumped, list(requests))
 
-    # --- the routers' choices (MSPROBE_HOOKS_ROUTING) -------------------------------------------
+    # --- the routers' choices (a driven dump, or MSPROBE_HOOKS_ROUTING) -------------------------
 
-    def bind_routing(self, model: Any, guarded: Callable[..., Any]) -> None:
-        """Feed every MoE router's capture hook of ``model`` into this runner's recorder (once)."""
+    def bind_routing(self, model: Any, guarded: Callable[..., Any], asked: bool) -> None:
+        """Feed every MoE router's capture hook of ``model`` into this runner's recorder (once); ``asked``: by
+        ``MSPROBE_HOOKS_ROUTING`` (a model without routers then says so), not only by a dump driven."""
         self.routing_bound = True
         recorder = RoutingRecorder(self.dump_root)
         if routed_experts.bind(model, recorder, guarded):
             self.routing = recorder
-            logger().info("MSPROBE_HOOKS_ROUTING: %d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
-        else:
+            logger().info("%d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
+        elif asked:
             logger().info(
                 "MSPROBE_HOOKS_ROUTING is set but this model has no MoE router with a capture hook "
                 "(vLLM's router.set_capture_fn): no %s in this worker",
@@ -169,6 +170,8 @@ class VllmRunner(RunnerLog):
         window.started = True
         window.step = self.counter.take(self.debugger)
         window.dumped = is_recording()
+        if self.routing is not None:  # the routers' ids of a step msprobe does not dump are not even copied
+            self.routing.armed = window.dumped
         if window.requests is not None:
             self.write(window.step, window.dumped, window.requests)
 

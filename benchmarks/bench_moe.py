@@ -11,12 +11,13 @@ for the measurement), and ``routing.compare`` alone. Medians of ``ROUNDS``; prin
 pass/fail.
 
 Then what the training side's routers' record costs a dumped window (``msprobe_hooks.training.routed_experts``): a
-forward of a Qwen3-MoE (``RECORD_LAYERS`` layers of 8 experts, top 2) over ``RECORD_TOKENS`` tokens, alone and
-with the routers watched, and the window's line written after it, per window and per token and layer.
+forward of the kit's Qwen3-MoE (``cpu_kit/moe_inputs.py``, ``RECORD_LAYERS`` layers) over ``RECORD_TOKENS`` tokens,
+alone and with the routers watched, and the window's line written after it, per window and per token and layer.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # cpu_kit
 ROUNDS = 7
 RECORD_TOKENS = 2048
 RECORD_LAYERS = 4
@@ -103,24 +105,15 @@ def main() -> int:
 def _record_cost() -> None:
     """The training record's cost: a forward with and without the routers watched, and the line written after it."""
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
+    from cpu_kit import moe_inputs
     from msprobe_hooks.training.routed_experts import RouterWatch
 
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=RECORD_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-    )
-    model = Qwen3MoeForCausalLM(config).eval()
+    with tempfile.TemporaryDirectory(prefix="bench-moe-model-") as folder:
+        path = moe_inputs.build_qwen3_moe_dir(os.path.join(folder, "moe"), layers=RECORD_LAYERS)
+        model = Qwen3MoeForCausalLM.from_pretrained(path).eval()
+    config = model.config
     tokens = torch.randint(0, config.vocab_size, (1, RECORD_TOKENS))
     with tempfile.TemporaryDirectory(prefix="bench-moe-record-") as folder:
         watch = RouterWatch(lambda cfg: folder)

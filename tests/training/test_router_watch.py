@@ -12,31 +12,20 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeForCausalLM
 
+from cpu_kit import moe_inputs
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.routing import router_choice
 from msprobe_hooks.training.routed_experts import RouterWatch
 
-TOP_K = 2
+TOP_K = moe_inputs.TOP_K
 
 
 @pytest.fixture(scope="module")
-def model() -> Qwen3MoeForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=8,
-        num_experts_per_tok=TOP_K,
-    )
-    return Qwen3MoeForCausalLM(config).eval()
+def model(tmp_path_factory) -> Qwen3MoeForCausalLM:
+    folder = moe_inputs.build_qwen3_moe_dir(str(tmp_path_factory.mktemp("router-watch") / "moe"), layers=2)
+    return Qwen3MoeForCausalLM.from_pretrained(folder).eval()
 
 
 def _lines(root) -> list[dict]:

@@ -63,6 +63,14 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
 * ``shared_experts/``: a tiny Qwen2-MoE (a gated shared expert beside the routed ones): FSDP2 against vLLM,
   statistics.
 
+* ``main_ppo/``: verl's own trainer (``python -m cpu_kit.main_ppo``, the v1 trainer, two global steps,
+  docs/verl-main-ppo.md) with a real setting of verl's own configuration each (``MAIN_PPO_CASES``): FSDP's mixed
+  precision left at verl's default, a bf16 forward under ``model_dtype=fp32``, against vLLM in fp32
+  (``bf16_forward/``); bf16 on both sides, no fault (``bf16/``); the same with the rollout at temperature 0.8 and
+  ``logprobs_mode=raw_logprobs`` (``bf16_raw_logprobs/``); fp32 with the rollout's ``top_p`` 0.7 (``top_p/``).
+  Each cut to what its pairs read: the two samples' prompt dumps, the two prefills they pair with (the dispatch
+  log's lines of those steps alone), the logs and both sides' ``engine.jsonl`` and ``requests.jsonl``.
+
 * ``align/``: the join rules' inputs (``tests/analysis/test_align.py`` builds each case's dispatch log over
   them): ``actor/`` the README demo as its users run it (``msprobe-hooks run`` over ``examples/cpu_demo.py``,
   ``DUMP_ON=1 PROMPTS_ONLY=1``, msprobe's default config: four prompt-only dumps at level mix, request ids
@@ -71,7 +79,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   one per token count of ``EMBEDDING_TOKENS``: an inference step's dump of T tokens.
 
 ``--only SET`` re-cuts one set (``namings``, ``verdict``, ``decode``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``,
-``moe``, ``shared``, ``moe_sglang``, ``align``) and leaves the others.
+``moe``, ``shared``, ``moe_sglang``, ``main_ppo``, ``align``) and leaves the others (``main_ppo`` needs
+``.venv-verl-e2e``).
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged (but for the tensor files'
@@ -100,10 +109,11 @@ from support.compare_runs import (  # noqa: E402
     run_vllm,
     run_vllm_scenario,
 )
-from support.interpreter import clean_env  # noqa: E402
+from support.interpreter import clean_env, shim_env  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
 
 from cpu_kit import verl_cpu  # noqa: E402
+from cpu_kit.main_ppo import TIMEOUT_S as MAIN_PPO_TIMEOUT_S  # noqa: E402
 from cpu_kit.moe_inputs import perturb_weight  # noqa: E402
 
 PROMPTS = [
@@ -525,6 +535,63 @@ EMBEDDING_DUMPS = """
 """
 
 
+# name: cpu_kit.main_ppo's overrides, each a real setting of verl's configuration (the v1 trainer, fp32 unless said)
+BF16_FORWARD = "~actor_rollout_ref.actor.fsdp_config.mixed_precision"  # FSDP's default: a bf16 forward
+MAIN_PPO_CASES = {
+    "bf16_forward": [BF16_FORWARD],
+    "bf16": [BF16_FORWARD, "actor_rollout_ref.rollout.dtype=bfloat16"],
+    "bf16_raw_logprobs": [
+        BF16_FORWARD,
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.rollout.temperature=0.8",
+        "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs",
+    ],
+    "top_p": ["actor_rollout_ref.rollout.top_p=0.7"],
+}
+
+
+def _main_ppo(work: Path, out: Path) -> None:
+    venv = REPO / ".venv-verl-e2e" / "bin"
+    config = os.fspath(REPO / "examples" / "msprobe_l0.json")
+    for name, options in MAIN_PPO_CASES.items():
+        run = work / name
+        configs = {"MSPROBE_ACTOR_CONFIG": config, "MSPROBE_GENERATE_CONFIG": config}
+        env = shim_env(DUMP_ON="1", PROMPTS_ONLY="1", MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(run / "dumps"), **configs)
+        launch = [venv / "python", "-m", "cpu_kit.main_ppo", run, "--steps", "2", *options]
+        subprocess.run(launch, env=env, cwd=REPO, check=True, timeout=2 * MAIN_PPO_TIMEOUT_S)
+        align = [venv / "msprobe-hooks", "align", run / "dumps" / "actor", run / "dumps" / "generate"]
+        subprocess.run([*align, "-o", run / "pairs.jsonl"], env=clean_env(), check=True, timeout=300)
+        _cut_to_pairs(run, out / "main_ppo" / name)
+
+
+def _cut_to_pairs(run: Path, target: Path) -> None:
+    """The dumps ``run/pairs.jsonl`` pairs (paths relative to ``run``, under ``dumps/``) and the logs beside them,
+    to ``target``; a dispatch log keeps the lines of the steps kept (the other steps' folders are not)."""
+    kept_steps: dict[str, set[int]] = {}
+    logs: set[str] = set()
+    for line in (run / "pairs.jsonl").read_text().splitlines():
+        pair = json.loads(line)
+        for side in (pair["train"], pair["generate"]):
+            step_folder = Path(side["dump"]).parent
+            _copy_tree(run / step_folder, target / step_folder.relative_to("dumps"))
+            logs.update(side.get(key) for key in ("engine_log", "requests_log") if side.get(key))
+            logs.update(side.get("gap_logs") or [])
+        logs.add(pair["train"]["log"])
+        kept_steps.setdefault(pair["generate"]["log"], set()).add(pair["generate"]["step"])
+    for log in logs:
+        _copy_tree_file(run / log, target / Path(log).relative_to("dumps"))
+    for log, steps in kept_steps.items():
+        lines = (run / log).read_text().splitlines(keepends=True)
+        out = target / Path(log).relative_to("dumps")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(line for line in lines if json.loads(line)["step"] in steps))
+
+
+def _copy_tree_file(source: Path, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, out)
+
+
 def _align(work: Path, out: Path) -> None:
     demo = work / "demo"
     demo.mkdir(parents=True)
@@ -560,6 +627,7 @@ SETS = {
     "moe": _moe,
     "shared": _shared,
     "moe_sglang": _moe_sglang,
+    "main_ppo": _main_ppo,
     "align": _align,
 }
 

@@ -18,7 +18,7 @@ from msprobe_hooks.cli import main
 
 GOLDEN = golden.GOLDEN
 VERDICT, MOE, MEGATRON = GOLDEN / "verdict", GOLDEN / "moe", GOLDEN / "megatron"
-MAIN_PPO_BF16 = GOLDEN / "main_ppo_bf16"
+MAIN_PPO = GOLDEN / "main_ppo"
 RECORD_KEYS = ["cause", "path", "module", "global_step", "evidence", "sentence"]
 
 
@@ -46,12 +46,35 @@ def test_fp32_training_against_bf16_vllm_is_the_models_precision(tmp_path):
     assert found.evidence[1].startswith("every error within the bfloat16 floor: largest 0.0113")
 
 
-def test_bf16_training_against_fp32_vllm_under_main_ppo_is_the_models_precision_not_the_logits(tmp_path):
-    """verl's own main_ppo asked for fp32 (model_dtype) but left FSDP's mixed precision at its default, a bf16
-    forward, against vLLM in fp32: every compared row differs in dtype, the logits among them. The whole model's."""
-    found = compared(tmp_path, MAIN_PPO_BF16 / "actor", MAIN_PPO_BF16 / "generate").answer.diagnosis
-    assert (found.cause, found.path, found.module) == (Cause.PRECISION, None, None)
-    assert found.evidence[0] == "model dtype bfloat16 (training) vs float32 (rollout) on 100% of the compared rows"
+# verl's own main_ppo with one real setting of its configuration each (tests/golden/README.md, main_ppo/):
+# case: (cause, path, the first evidence line: what decided it)
+MAIN_PPO_CASES = {
+    # model_dtype=fp32 with FSDP's mixed precision at verl's default (a bf16 forward) against vLLM in fp32: every
+    # compared row differs in dtype, the logits among them: the whole model's precision, not the logits'
+    "bf16_forward": (
+        Cause.PRECISION,
+        None,
+        "model dtype bfloat16 (training) vs float32 (rollout) on 100% of the compared rows",
+    ),
+    # bf16 on both sides, nothing planted: errors up to 1.25e-2, the floor's noise, no module named
+    "bf16": (Cause.NOISE, None, "model dtype bfloat16 on both sides on 100% of the compared rows"),
+    # the rollout's raw log-probs while it samples at 0.8, which verl divides the recomputed logits by
+    "bf16_raw_logprobs": (
+        Cause.SAMPLING,
+        DiagnosisPath.AFTER_LOGITS,
+        "log-probs temperature 1.0 (rollout) vs 0.8 (training)",
+    ),
+    # a nucleus the rollout renormalises over and training never replays
+    "top_p": (Cause.SAMPLING, DiagnosisPath.AFTER_LOGITS, "top_p 0.7 (rollout) vs 1.0 (training)"),
+}
+
+
+@pytest.mark.parametrize("case", list(MAIN_PPO_CASES))
+def test_main_ppo_with_a_real_setting_of_verls_configuration_names_its_kind(tmp_path, case):
+    cause, path, decided_by = MAIN_PPO_CASES[case]
+    found = compared(tmp_path, MAIN_PPO / case / "actor", MAIN_PPO / case / "generate").answer.diagnosis
+    assert (found.cause, found.path, found.module) == (cause, path, None)
+    assert found.evidence[0] == decided_by
 
 
 def test_bf16_on_both_sides_is_noise_and_names_no_module(tmp_path):

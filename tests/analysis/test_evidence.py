@@ -104,6 +104,8 @@ def test_equal_records_on_both_sides_name_nothing(tmp_path):
         ("raw_logprobs", {**PLAIN, "temperature": 0.8}, 0.8, f"{TEMPERATURE} 1.0 (rollout) vs 0.8 (training)"),
         # a nucleus the rollout renormalised over, which training never replays
         ("processed_logprobs", {**PLAIN, "top_p": 0.9}, 1.0, "top_p 0.9 (rollout) vs 1.0 (training)"),
+        # a top-k the rollout renormalised over; training keeps every logit (no top-k: "off", never "None")
+        ("processed_logprobs", {**PLAIN, "top_k": 5}, 1.0, "top_k 5 (rollout) vs off (training)"),
     ],
 )
 def test_log_probs_made_differently_from_the_same_logits_are_sampling(tmp_path, mode, sampling, temperature, line):

@@ -392,13 +392,20 @@ def module_steps_up(facts: Facts) -> Diagnosis | None:
     )
 
 
+def _or_off(value: Any) -> Any:
+    """A sampling field's value as the evidence says it: None is a filter not applied (no top-k)."""
+    return "off" if value is None else value
+
+
 def sampling_differs(facts: Facts) -> Diagnosis | None:
     """The modules agree; the sampling parameters both sides recorded differ: the log-probs are made differently
     from the same logits."""
     differing = facts.evidence.differing("sampling")
     if not differing or not facts.compared or facts.stepped or facts.routed:
         return None
-    evidence = [f"{key} {rollout} (rollout) vs {training} (training)" for key, training, rollout in differing]
+    evidence = [
+        f"{key} {_or_off(rollout)} (rollout) vs {_or_off(training)} (training)" for key, training, rollout in differing
+    ]
     mode = (facts.evidence.rollout.numerics or {}).get("logprobs_mode")
     if mode is not None:
         evidence.append(

@@ -553,9 +553,9 @@ MAIN_PPO_CASES = {
 def _main_ppo(work: Path, out: Path) -> None:
     venv = REPO / ".venv-verl-e2e" / "bin"
     config = os.fspath(REPO / "examples" / "msprobe_l0.json")
+    configs = {"MSPROBE_ACTOR_CONFIG": config, "MSPROBE_GENERATE_CONFIG": config}
     for name, options in MAIN_PPO_CASES.items():
         run = work / name
-        configs = {"MSPROBE_ACTOR_CONFIG": config, "MSPROBE_GENERATE_CONFIG": config}
         env = shim_env(DUMP_ON="1", PROMPTS_ONLY="1", MSPROBE_HOOKS_OUTPUT_DIR=os.fspath(run / "dumps"), **configs)
         launch = [venv / "python", "-m", "cpu_kit.main_ppo", run, "--steps", "2", *options]
         subprocess.run(launch, env=env, cwd=REPO, check=True, timeout=2 * MAIN_PPO_TIMEOUT_S)
@@ -574,22 +574,18 @@ def _cut_to_pairs(run: Path, target: Path) -> None:
         for side in (pair["train"], pair["generate"]):
             step_folder = Path(side["dump"]).parent
             _copy_tree(run / step_folder, target / step_folder.relative_to("dumps"))
-            logs.update(side.get(key) for key in ("engine_log", "requests_log") if side.get(key))
-            logs.update(side.get("gap_logs") or [])
+            logs.update(filter(None, (side.get("engine_log"), side.get("requests_log"), *(side.get("gap_logs") or []))))
         logs.add(pair["train"]["log"])
         kept_steps.setdefault(pair["generate"]["log"], set()).add(pair["generate"]["step"])
     for log in logs:
-        _copy_tree_file(run / log, target / Path(log).relative_to("dumps"))
+        out = target / Path(log).relative_to("dumps")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(run / log, out)
     for log, steps in kept_steps.items():
         lines = (run / log).read_text().splitlines(keepends=True)
         out = target / Path(log).relative_to("dumps")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(line for line in lines if json.loads(line)["step"] in steps))
-
-
-def _copy_tree_file(source: Path, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, out)
 
 
 def _align(work: Path, out: Path) -> None:

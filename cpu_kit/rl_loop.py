@@ -5,8 +5,11 @@
         [--iterations 2] [--drop-tensor NAME --at-step K] [--dtype float32] [--lr 1e-4] [--packed]
         [--temperature T --seed S] [--train-temperature T] [--logprobs-mode MODE] [--kv-cache-dtype DTYPE]
         [--rollout-hf-overrides JSON] [--rollout-token-change POS]
+        [--rollout-engine sglang [--rollout-engine-kwargs JSON]]
 
-One real vLLM engine (:mod:`cpu_kit.vllm_engine`, in ``.venv-vllm``) stays up for the whole run.
+One real rollout engine stays up for the whole run: vLLM (:mod:`cpu_kit.vllm_engine`, in ``.venv-vllm``), or
+with ``--rollout-engine sglang`` SGLang (:mod:`cpu_kit.sglang_engine`, in ``.venv-sglang``; its own engine
+arguments, e.g. its dump switch ``msprobe_dump_config``, as ``--rollout-engine-kwargs``).
 Global step g (1, 2, ...) is what verl's trainer does per step, in its order:
 
 1. rollout: the prompts of FILE, one request at a time (each prefill step holds one prompt; with
@@ -33,10 +36,12 @@ training's of the logits: a sampling mismatch); ``--kv-cache-dtype fp8_e4m3`` (t
 attention reads an fp8 KV cache: a precision cause); ``--rollout-hf-overrides JSON``, vLLM's
 ``hf_overrides`` on the rollout engine only (``{"head_dtype": "bfloat16"}``: its logits in bf16, a
 precision cause; ``{"rope_parameters": {...}}``: another model configuration, a configuration cause);
-``--rollout-token-change POS``: the first prompt of the file is fed to the rollout with its token at
-POS replaced by the next id (modulo the vocabulary), under its own request id, while training
-recomputes on the prompt as written (a re-tokenized prompt: an inputs cause; the other prompts stay
-as written). The defaults change nothing.
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` in the environment of an SGLang rollout sampled at ``--temperature T``
+with ``--train-temperature T`` (SGLang returns the raw logits' log-probs, verl's recompute divides by T: a
+sampling mismatch; SGLang's default, the tempered ones, matches it); ``--rollout-token-change POS``: the
+first prompt of the file is fed to the rollout with its token at POS replaced by the next id (modulo the
+vocabulary), under its own request id, while training recomputes on the prompt as written (a re-tokenized
+prompt: an inputs cause; the other prompts stay as written). The defaults change nothing.
 
 Nothing here dumps: with the hooks on in the environment (the shim on PYTHONPATH, ``DUMP_ON=1``),
 the training side dumps the log-prob pass and the vLLM engine, which inherits the environment,
@@ -65,9 +70,14 @@ if str(REPO) not in sys.path:  # run as a file: cpu_kit is imported from the rep
 
 from cpu_kit import verl_cpu  # noqa: E402
 from cpu_kit.demo_inputs import read_prompts  # noqa: E402
+from cpu_kit.engine_server import EngineClient  # noqa: E402
+from cpu_kit.sglang_engine import SglangEngine  # noqa: E402
 from cpu_kit.vllm_engine import VllmEngine  # noqa: E402
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+# What only vLLM's engine takes, with its default: refused with an SGLang rollout rather than left unapplied.
+VLLM_ONLY = {"logprobs_mode": "raw_logprobs", "kv_cache_dtype": "auto", "rollout_hf_overrides": {}}
 # Adam's first steps move every weight by about lr; the tiny Qwen2's weights are ~0.02 (its init
 # std), so 1e-4 moves the norms of the modules' outputs by 2e-3..3e-2 relative per step (measured
 # on the demo's model): far above fp32 noise (~1e-7), far below anything that breaks the model.
@@ -121,7 +131,7 @@ def rollout_samples(prompts: list[dict], outputs: list[dict], step: int) -> list
     ]
 
 
-def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: int, args: argparse.Namespace) -> dict:
+def global_step(trainer: Any, rollout: EngineClient, prompts: list[dict], step: int, args: argparse.Namespace) -> dict:
     """Hand-over (from step 2), rollout, log-prob pass, update: one global step's record."""
     wall: dict[str, float] = {}
     clock = time.perf_counter()
@@ -184,6 +194,29 @@ def global_step(trainer: Any, rollout: VllmEngine, prompts: list[dict], step: in
     }
 
 
+def rollout_engine(args: argparse.Namespace, env: dict[str, str], log_path: Path) -> EngineClient:
+    """The rollout engine the options ask for, started on the model."""
+    if args.rollout_engine == "sglang":
+        return SglangEngine(
+            args.sglang_python,
+            args.model,
+            env=env,
+            log_path=log_path,
+            dtype=args.dtype,
+            engine_kwargs=args.rollout_engine_kwargs,
+        )
+    return VllmEngine(
+        args.vllm_python,
+        args.model,
+        env=env,
+        log_path=log_path,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        logprobs_mode=args.logprobs_mode,
+        hf_overrides=args.rollout_hf_overrides,
+    )
+
+
 def vocab_size(model: str) -> int:
     return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
 
@@ -214,19 +247,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc")  # short: socket paths must stay under 107 bytes
     began = time.perf_counter()
     try:
-        env = engine_environment(rpc_dir)
-        with VllmEngine(
-            args.vllm_python,
-            args.model,
-            env=env,
-            log_path=out / "engine.log",
-            dtype=args.dtype,
-            kv_cache_dtype=args.kv_cache_dtype,
-            logprobs_mode=args.logprobs_mode,
-            hf_overrides=args.rollout_hf_overrides,
-        ) as rollout:
-            engine = {"pid": rollout.pid, "vllm": rollout.vllm_version, "log": rollout.log_path}
-            engine["start_s"] = time.perf_counter() - began
+        with rollout_engine(args, engine_environment(rpc_dir), out / "engine.log") as rollout:
+            engine = {"pid": rollout.pid, "engine": args.rollout_engine, "version": rollout.version}
+            engine.update(log=rollout.log_path, start_s=time.perf_counter() - began)
             steps = [global_step(trainer, rollout, prompts, step, args) for step in range(1, args.iterations + 1)]
     finally:
         shutil.rmtree(rpc_dir, ignore_errors=True)
@@ -234,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": os.path.abspath(args.model),
         "prompts": os.path.abspath(args.prompts),
         "iterations": args.iterations,
+        "rollout_engine": args.rollout_engine,
         "dtype": args.dtype,
         "lr": args.lr,
         "packed": args.packed,
@@ -243,6 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "logprobs_mode": args.logprobs_mode,
         "kv_cache_dtype": args.kv_cache_dtype,
         "rollout_hf_overrides": args.rollout_hf_overrides,
+        "rollout_engine_kwargs": args.rollout_engine_kwargs,
         "rollout_token_change": args.rollout_token_change,
         "drop_tensor": args.drop_tensor,
         "at_step": args.at_step if args.drop_tensor else None,
@@ -275,7 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--at-step", type=int, default=2, help="the first global step whose hand-over drops them (default 2)"
     )
-    parser.add_argument("--dtype", default="float32", help="the vLLM engine's dtype (training stays fp32)")
+    parser.add_argument(
+        "--rollout-engine", choices=("vllm", "sglang"), default="vllm", help="the engine that rolls out (default vllm)"
+    )
+    parser.add_argument("--dtype", default="float32", help="the rollout engine's dtype (training stays fp32)")
     parser.add_argument(
         "--lr", type=float, default=LEARNING_RATE, help=f"the actor's learning rate (default {LEARNING_RATE})"
     )
@@ -307,8 +335,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="POS",
         help="feed the rollout the first prompt with its token at POS replaced by the next id (training: as written)",
     )
+    parser.add_argument(
+        "--rollout-engine-kwargs",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="SGLang's own engine arguments (--rollout-engine sglang), e.g. '{\"msprobe_dump_config\": PATH}'",
+    )
     parser.add_argument("--vllm-python", default=os.fspath(VLLM_PYTHON), help="the interpreter of the vLLM venv")
+    parser.add_argument("--sglang-python", default=os.fspath(SGLANG_PYTHON), help="the interpreter of the SGLang venv")
     args = parser.parse_args(argv)
+    if args.rollout_engine == "sglang":
+        given = [f"--{k.replace('_', '-')}" for k, default in VLLM_ONLY.items() if getattr(args, k) != default]
+        if given:
+            parser.error(f"{', '.join(given)}: vLLM's engine options; --rollout-engine sglang takes none of them")
+    elif args.rollout_engine_kwargs:
+        parser.error("--rollout-engine-kwargs: SGLang's engine arguments; give --rollout-engine sglang")
     if args.drop_tensor and not 2 <= args.at_step <= args.iterations:
         parser.error(f"--at-step must be within 2..{args.iterations} (step 1 runs the checkpoint both engines loaded)")
     summary = run(args)

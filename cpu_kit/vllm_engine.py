@@ -5,8 +5,7 @@
 
 starts ``vllm.LLM`` once (eager, no prefix caching, seed 0; the KV cache's dtype, the log-probs mode and
 ``hf_overrides``, vLLM's changes to the model configuration it loads, as given, vLLM's defaults unless) and
-answers one JSON object a line on
-stdin with one JSON object a line on stdout:
+answers the commands of :mod:`cpu_kit.engine_server`'s protocol:
 
 * ``{"cmd": "generate", "requests": [{"id", "prompt_token_ids", "max_tokens"}], "packed": false}``:
   greedy unless a request has ``temperature`` (then sampled, with its ``seed``), EOS ignored (the
@@ -23,12 +22,6 @@ stdin with one JSON object a line on stdout:
   for the CPU kernels. A layer none of whose tensors is in DIR keeps its old weights (vLLM logs
   "Failed to load weights"): a hand-over that leaves a tensor out is a stale-weight fault. A DIR
   without safetensors is refused before the reload starts (vLLM cannot undo a failed one).
-* ``{"cmd": "shutdown"}``: answered, then the process exits.
-
-A first line ``{"ok": true, "ready": true, "pid": ..., "vllm": "0.32.0"}`` says the engine is up;
-errors answer ``{"ok": false, "error": "..."}`` and the engine keeps serving. vLLM, its spawned
-processes and msprobe log to stdout: the server moves fd 1 onto stderr before vLLM is imported and
-answers on a private copy of the original stdout, so the protocol stream holds replies only.
 
 Nothing here mentions any dump tool: dumps, if any, come from the environment (the shim on
 PYTHONPATH, ``DUMP_ON``, ``MSPROBE_GENERATE_CONFIG``). Only the standard library is imported at
@@ -41,16 +34,17 @@ import argparse
 import glob
 import json
 import os
-import queue
-import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from pathlib import Path
+from typing import Any
 
-# Engine start is ~20-70 s on 2 cores (import, profile run, KV cache); a command is well under that.
-START_TIMEOUT = 600.0
-COMMAND_TIMEOUT = 300.0
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a file in the vLLM venv: cpu_kit is imported from the repository root
+    sys.path.insert(0, str(REPO))
+
+from cpu_kit.engine_server import EngineClient, answer_commands, claim_stdout  # noqa: E402
+
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 256, "seed": 0}
 
 
@@ -60,10 +54,6 @@ def _in_process(env: Mapping[str, str]) -> dict[str, str]:
     The shim reaching vLLM's spawned processes is proven where that is the point (tests/inference/test_real_vllm.py,
     verl's own main_ppo)."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env}
-
-
-class EngineError(RuntimeError):
-    """The engine answered an error, or died; the message ends with its log's last lines."""
 
 
 # --- the server (in .venv-vllm) -----------------------------------------------------------------
@@ -116,14 +106,6 @@ class _Server:
         return {}
 
 
-def _claim_stdout() -> IO[str]:
-    """A private copy of stdout for replies; fd 1 (inherited by vLLM's processes) now goes to stderr."""
-    replies = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    sys.stdout.flush()
-    os.dup2(2, 1)
-    return replies
-
-
 def serve(
     model: str,
     dtype: str,
@@ -132,10 +114,7 @@ def serve(
     hf_overrides: Mapping[str, Any] | None = None,
 ) -> int:
     """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
-    replies = _claim_stdout()
-
-    def reply(message: Mapping[str, Any]) -> None:
-        replies.write(json.dumps(message) + "\n")
+    replies = claim_stdout()
 
     import vllm
     from vllm import LLM
@@ -149,35 +128,16 @@ def serve(
         **ENGINE_DEFAULTS,
     )
     server = _Server(llm)
-    reply({"ok": True, "ready": True, "pid": os.getpid(), "vllm": vllm.__version__})
-    handlers = {"generate": server.generate, "update_weights": server.update_weights}
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        command = request.pop("cmd", None)
-        if command == "shutdown":
-            reply({"ok": True})
-            break
-        if command not in handlers:
-            reply({"ok": False, "error": f"unknown command {command!r}; known: {sorted(handlers)} and shutdown"})
-            continue
-        try:
-            reply({"ok": True, **handlers[command](**request)})
-        except Exception as exc:  # the engine keeps serving; the client raises with this line
-            reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-    return 0
+    hello = {"pid": os.getpid(), "engine": "vllm", "version": vllm.__version__}
+    return answer_commands(replies, hello, {"generate": server.generate, "update_weights": server.update_weights})
 
 
 # --- the client (in the training venv) ----------------------------------------------------------
 
 
-class VllmEngine:
-    """This module run as a server in ``python`` (a ``.venv-vllm`` interpreter), stderr to ``log_path``.
-
-    ``env`` is the server's whole environment (the shim and the dump variables come with it). Use it
-    as a context manager: leaving the block shuts the engine down (killed if it does not answer).
-    """
+class VllmEngine(EngineClient):
+    """This module run as a server in ``python`` (a ``.venv-vllm`` interpreter), stderr to ``log_path``; ``env`` is
+    its whole environment (:class:`~cpu_kit.engine_server.EngineClient`)."""
 
     def __init__(
         self,
@@ -191,80 +151,10 @@ class VllmEngine:
         logprobs_mode: str = "raw_logprobs",
         hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        self.log_path = os.fspath(log_path)
         command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
         command += ["--kv-cache-dtype", kv_cache_dtype, "--logprobs-mode", logprobs_mode]
         command += ["--hf-overrides", json.dumps(dict(hf_overrides or {}))]
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=_in_process(env), text=True
-            )
-        self._replies: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        try:
-            hello = self._next_reply(START_TIMEOUT)
-        except BaseException:  # a start that hangs or fails leaves no server behind
-            self.process.kill()
-            self.process.wait()
-            raise
-        self.pid: int = hello["pid"]
-        self.vllm_version: str = hello["vllm"]
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._replies.put(line)
-        self._replies.put(None)  # EOF: the server exited
-
-    def _next_reply(self, timeout: float) -> dict[str, Any]:
-        try:
-            line = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            raise EngineError(f"no answer from the vLLM engine in {timeout:.0f} s{self._log_tail()}") from None
-        if line is None:
-            code = self.process.wait()
-            raise EngineError(f"the vLLM engine exited ({code}){self._log_tail()}")
-        message = json.loads(line)
-        if not message.get("ok"):
-            raise EngineError(f"the vLLM engine answered: {message.get('error')}{self._log_tail()}")
-        return message
-
-    def _log_tail(self, lines: int = 30) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as log:
-            tail = log.readlines()[-lines:]
-        return f"\n--- {self.log_path} (end) ---\n" + "".join(tail)
-
-    def request(self, command: str, timeout: float = COMMAND_TIMEOUT, **fields: Any) -> dict[str, Any]:
-        """Send one command and return its answer (raises :class:`EngineError` on an error answer)."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"cmd": command, **fields}) + "\n")
-        self.process.stdin.flush()
-        return self._next_reply(timeout)
-
-    def generate(self, requests: Sequence[Mapping[str, Any]], packed: bool = False) -> list[dict[str, Any]]:
-        """The outputs (``id``, ``token_ids``, ``logprobs``) in the order of ``requests``: greedy, or sampled at a
-        request's ``temperature`` with its ``seed``."""
-        return self.request("generate", requests=list(requests), packed=packed)["outputs"]
-
-    def update_weights(self, path: str | os.PathLike) -> None:
-        """Load the safetensors of folder ``path`` into the running engine (vLLM's in-place reload)."""
-        self.request("update_weights", path=os.fspath(path))
-
-    def close(self, timeout: float = COMMAND_TIMEOUT) -> int:
-        """Shut the engine down and wait for its exit; its exit status."""
-        if self.process.poll() is None:
-            try:
-                self.request("shutdown")
-                return self.process.wait(timeout=timeout)
-            except (EngineError, OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-        return self.process.wait()
-
-    def __enter__(self) -> VllmEngine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().__init__(command, env=_in_process(env), log_path=log_path, name="the vLLM engine")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

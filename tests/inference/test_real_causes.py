@@ -30,7 +30,6 @@ from support.rl_loop import FP32_GAP, LoopRun, largest_gap, oracle_log_probs, re
 from support.verl_runs import HANG_LIMIT_S
 
 from cpu_kit.rl_loop import token_gaps
-from msprobe_hooks.cli import main
 
 pytestmark = pytest.mark.engine  # runs a real engine (make test-fast leaves it out)
 
@@ -121,42 +120,18 @@ CHANGED_AT = 2  # the position of the first prompt's token the rollout is fed ch
 BF16_HEAD_GAP = 10 * FP32_GAP
 
 
-@dataclass
-class Report:
-    """A loop run of this module and the diagnoses of its pairs."""
-
-    run: LoopRun
-
-    def samples(self) -> list[dict]:
-        (step,) = self.run.steps
-        return step["samples"]
-
-    def diagnosis(self, name: str, leave_out: tuple[str, ...] = ()) -> dict:
-        """``compare``'s diagnosis of the run's pairs (``align``'s, as a user runs them) less those of the request
-        ids ``leave_out``: a report answers for the pairs it is given."""
-        work = self.run.work
-        pairs = work / "pairs.jsonl"
-        if not pairs.exists():
-            assert main(["align", str(self.run.train_root), str(self.run.generate_root), "-o", str(pairs)]) == 0
-        kept = work / f"{name}.pairs.jsonl"
-        lines = [line for line in pairs.read_text().splitlines() if json.loads(line)["key"] not in leave_out]
-        kept.write_text("\n".join(lines) + "\n")
-        assert main(["compare", str(kept), "-o", str(work / name)]) == 0
-        return json.loads((work / name / "diagnosis.json").read_text())
-
-
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> Report:
+def head(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> LoopRun:
     overrides = json.dumps({"head_dtype": HEAD_DTYPE})
     work = tmp_path_factory.mktemp("head-dtype")
-    return Report(run_loop(work, demo.out / "inputs", "--iterations", "1", "--rollout-hf-overrides", overrides))
+    return run_loop(work, demo.out / "inputs", "--iterations", "1", "--rollout-hf-overrides", overrides)
 
 
 @pytest.fixture(scope="module")
-def rope_and_token(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> Report:
+def rope_and_token(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> LoopRun:
     overrides = json.dumps({"rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"}})
     args = ["--iterations", "1", "--rollout-hf-overrides", overrides, "--rollout-token-change", str(CHANGED_AT)]
-    return Report(run_loop(tmp_path_factory.mktemp("rope-and-token"), demo.out / "inputs", *args))
+    return run_loop(tmp_path_factory.mktemp("rope-and-token"), demo.out / "inputs", *args)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +145,7 @@ def rope_reference(demo: Demo) -> torch.nn.Module:
     return reference_model(model, config=config)
 
 
-def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: Report, reference) -> None:
+def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: LoopRun, reference) -> None:
     diagnosis = head.diagnosis("report")
     assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("precision", "after the logits", "lm_head")
     assert diagnosis["evidence"][0].startswith(f"lm_head output {HEAD_DTYPE} (rollout) vs float32 (training)")
@@ -184,7 +159,7 @@ def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: Report
     assert token_gap(head.samples()) > 100 * FP32_GAP
 
 
-def test_a_prompt_fed_otherwise_under_its_request_id_is_inputs(rope_and_token: Report, reference, rope_reference):
+def test_a_prompt_fed_otherwise_under_its_request_id_is_inputs(rope_and_token: LoopRun, reference, rope_reference):
     changed = next(s for s in rope_and_token.samples() if s["prompt_token_ids"] != s["rollout_prompt_token_ids"])
     fed, written = changed["rollout_prompt_token_ids"][CHANGED_AT], changed["prompt_token_ids"][CHANGED_AT]
     diagnosis = rope_and_token.diagnosis("report")  # every pair: the configuration differs too; inputs come first
@@ -203,7 +178,7 @@ def test_a_prompt_fed_otherwise_under_its_request_id_is_inputs(rope_and_token: R
     assert token_gap([changed]) > 10 * token_gap(others)
 
 
-def test_the_rollouts_rope_theta_override_is_configuration(rope_and_token: Report, reference, rope_reference):
+def test_the_rollouts_rope_theta_override_is_configuration(rope_and_token: LoopRun, reference, rope_reference):
     changed = [
         s["request_id"] for s in rope_and_token.samples() if s["prompt_token_ids"] != s["rollout_prompt_token_ids"]
     ]

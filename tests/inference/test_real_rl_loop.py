@@ -39,8 +39,9 @@ from support.rl_loop import (
 from support.vllm_standin import dumped_steps
 
 from cpu_kit import demo_inputs
+from cpu_kit.engine_server import EngineError
 from cpu_kit.rl_loop import RESPONSE_LENGTHS, token_gaps
-from cpu_kit.vllm_engine import EngineError, VllmEngine
+from cpu_kit.vllm_engine import VllmEngine
 from msprobe_hooks.analysis.results import Verdict
 from msprobe_hooks.cli import main
 from msprobe_hooks.join_keys import DISPATCH_LOG, TRAINING_LOG
@@ -81,7 +82,7 @@ def test_the_loop_keeps_the_token_gap_at_fp32_noise_until_a_tensor_is_left_out(s
 
 def test_the_running_engine_takes_the_handed_over_weights(sync_fault):
     one, two, _ = sync_fault.steps
-    assert sync_fault.summary["engine"]["vllm"] == "0.32.0"
+    assert sync_fault.summary["engine"]["version"] == "0.32.0"
     for before, after in zip(one["samples"], two["samples"], strict=True):
         assert before["prompt_token_ids"] == after["prompt_token_ids"]
         # The first response token's log-prob depends on the prompt and the weights only: the

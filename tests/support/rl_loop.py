@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from msprobe_hooks.cli import main
 from support import REPO
 from support.interpreter import clean_env, shim_env
 from support.real_vllm import VLLM_PYTHON
@@ -50,6 +51,23 @@ class LoopRun:
     @property
     def steps(self) -> list[dict]:
         return self.summary["steps"]
+
+    def samples(self, step: int = 1) -> list[dict]:
+        """Global step ``step``'s samples (summary.json's)."""
+        (found,) = [s for s in self.steps if s["global_step"] == step]
+        return found["samples"]
+
+    def diagnosis(self, name: str = "report", leave_out: tuple[str, ...] = ()) -> dict:
+        """``compare``'s diagnosis of the run's pairs (``align``'s, as a user runs them) less those of the request
+        ids ``leave_out``, in ``WORK/name``: a report answers for the pairs it is given."""
+        pairs = self.work / "pairs.jsonl"
+        if not pairs.exists():
+            assert main(["align", str(self.train_root), str(self.generate_root), "-o", str(pairs)]) == 0
+        kept = self.work / f"{name}.pairs.jsonl"
+        lines = [line for line in pairs.read_text().splitlines() if json.loads(line)["key"] not in leave_out]
+        kept.write_text("\n".join(lines) + "\n")
+        assert main(["compare", str(kept), "-o", str(self.work / name)]) == 0
+        return json.loads((self.work / name / "diagnosis.json").read_text())
 
     @property
     def train_root(self) -> Path:

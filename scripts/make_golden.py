@@ -71,6 +71,11 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   Each cut to what its pairs read: the two samples' prompt dumps, the two prefills they pair with (the dispatch
   log's lines of those steps alone), the logs and both sides' ``engine.jsonl`` and ``requests.jsonl``.
 
+* ``sglang_loop/``: the CPU kit's RL loop (one global step) with SGLang rolling out on the demo's model and prompts,
+  sampled at temperature 0.8 with verl's FSDP2 engine recomputing at 0.8 (``SGLANG_LOOP_CASES``): SGLang's default
+  tempered log-probs (``tempered/``) and the raw ones under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``
+  (``raw_logprobs/``); cut to their pairs as ``main_ppo/`` is.
+
 * ``align/``: the join rules' inputs (``tests/analysis/test_align.py`` builds each case's dispatch log over
   them): ``actor/`` the README demo as its users run it (``msprobe-hooks run`` over ``examples/cpu_demo.py``,
   ``DUMP_ON=1 PROMPTS_ONLY=1``, msprobe's default config: four prompt-only dumps at level mix, request ids
@@ -111,8 +116,9 @@ from support.compare_runs import (  # noqa: E402
 )
 from support.interpreter import clean_env, shim_env  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
+from support.rl_loop import run_sglang_loop  # noqa: E402
 
-from cpu_kit import verl_cpu  # noqa: E402
+from cpu_kit import demo_inputs, verl_cpu  # noqa: E402
 from cpu_kit.main_ppo import TIMEOUT_S as MAIN_PPO_TIMEOUT_S  # noqa: E402
 from cpu_kit.moe_inputs import perturb_weight  # noqa: E402
 
@@ -564,6 +570,21 @@ def _main_ppo(work: Path, out: Path) -> None:
         _cut_to_pairs(run, out / "main_ppo" / name)
 
 
+# name: the SGLang rollout's environment (the CPU kit's RL loop, sampled at 0.8, verl recomputing at 0.8)
+SGLANG_LOOP_CASES = {"tempered": {}, "raw_logprobs": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}}
+
+
+def _sglang_loop(work: Path, out: Path) -> None:
+    inputs = work / "inputs"
+    demo_inputs.build_models(inputs)
+    demo_inputs.write_prompts(inputs / "prompts.jsonl")
+    sampled = ["--temperature", "0.8", "--train-temperature", "0.8", "--iterations", "1"]
+    for name, env in SGLANG_LOOP_CASES.items():
+        run = run_sglang_loop(work / name, inputs, *sampled, **env)
+        run.pairs()
+        _cut_to_pairs(run.work, out / "sglang_loop" / name)
+
+
 def _cut_to_pairs(run: Path, target: Path) -> None:
     """The dumps ``run/pairs.jsonl`` pairs (paths relative to ``run``, under ``dumps/``) and the logs beside them,
     to ``target``; a dispatch log keeps the lines of the steps kept (the other steps' folders are not)."""
@@ -624,6 +645,7 @@ SETS = {
     "shared": _shared,
     "moe_sglang": _moe_sglang,
     "main_ppo": _main_ppo,
+    "sglang_loop": _sglang_loop,
     "align": _align,
 }
 

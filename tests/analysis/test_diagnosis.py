@@ -19,6 +19,7 @@ from msprobe_hooks.cli import main
 GOLDEN = golden.GOLDEN
 VERDICT, MOE, MEGATRON = GOLDEN / "verdict", GOLDEN / "moe", GOLDEN / "megatron"
 MAIN_PPO = GOLDEN / "main_ppo"
+SGLANG_LOOP = GOLDEN / "sglang_loop"
 RECORD_KEYS = ["cause", "path", "module", "global_step", "evidence", "sentence"]
 
 
@@ -73,6 +74,28 @@ MAIN_PPO_CASES = {
 def test_main_ppo_with_a_real_setting_of_verls_configuration_names_its_kind(tmp_path, case):
     cause, path, decided_by = MAIN_PPO_CASES[case]
     found = compared(tmp_path, MAIN_PPO / case / "actor", MAIN_PPO / case / "generate").answer.diagnosis
+    assert (found.cause, found.path, found.module) == (cause, path, None)
+    assert found.evidence[0] == decided_by
+
+
+# SGLang rolling out at temperature 0.8, verl recomputing at 0.8 (tests/golden/README.md, sglang_loop/): what SGLang
+# returns is its sampler's choice, read from SGLang's own module. case: (cause, path, the first evidence line)
+SGLANG_LOOP_CASES = {
+    # its default, log_softmax(logits / T): what verl recomputes
+    "tempered": (Cause.NONE, None, "model dtype float32 on both sides"),
+    # SGLANG_RETURN_ORIGINAL_LOGPROB=1: the raw logits' log-probs against verl's tempered ones
+    "raw_logprobs": (
+        Cause.SAMPLING,
+        DiagnosisPath.AFTER_LOGITS,
+        "log-probs temperature 1.0 (rollout) vs 0.8 (training)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SGLANG_LOOP_CASES))
+def test_what_sglang_returns_against_verls_recompute_decides_sampling(tmp_path, case):
+    cause, path, decided_by = SGLANG_LOOP_CASES[case]
+    found = compared(tmp_path, SGLANG_LOOP / case / "actor", SGLANG_LOOP / case / "generate").answer.diagnosis
     assert (found.cause, found.path, found.module) == (cause, path, None)
     assert found.evidence[0] == decided_by
 

@@ -26,8 +26,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.real_sglang import SGLANG_VENV
-from support.rl_loop import FP32_GAP, MSPROBE_CONFIG, LoopRun, largest_gap, oracle_log_probs, reference_model, run_loop
+from support.rl_loop import (
+    FP32_GAP,
+    LoopRun,
+    largest_gap,
+    oracle_log_probs,
+    reference_model,
+    run_sglang_loop,
+)
 
 from cpu_kit import demo_inputs
 from cpu_kit.rl_loop import token_gaps
@@ -40,6 +46,7 @@ TEMPERATURE = 0.8  # the rollout's, and the one verl's recompute divides by
 STEPS = 2
 ROPE_THETA = 250000.0  # the SGLang rollout's (the checkpoint's is 10000)
 CHANGED_AT = 3  # the position of the first prompt's token the rollout is fed changed
+SAMPLED = ("--temperature", str(TEMPERATURE), "--train-temperature", str(TEMPERATURE), "--iterations", str(STEPS))
 
 
 @pytest.fixture(scope="module")
@@ -50,30 +57,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def sglang_loop(work: Path, inputs: Path, *args: str, engine_kwargs: dict | None = None, **env: str) -> LoopRun:
-    """The loop with SGLang rolling out (``engine_kwargs``: SGLang's own engine arguments), dumping into
-    ``work/dumps/generate``."""
-    work.mkdir(parents=True)
-    config = work / "sglang-msprobe.json"  # SGLang's switch needs the dump path in the config
-    config.write_text(json.dumps({**json.loads(MSPROBE_CONFIG.read_text()), "dump_path": str(work / "dumps/generate")}))
-    kwargs = {"msprobe_dump_config": str(config), **(engine_kwargs or {})}
-    engine = ["--rollout-engine", "sglang", "--sglang-python", str(SGLANG_VENV / "bin" / "python")]
-    return run_loop(work, inputs, *engine, "--rollout-engine-kwargs", json.dumps(kwargs), *args, **env)
-
-
-SAMPLED = ("--temperature", str(TEMPERATURE), "--train-temperature", str(TEMPERATURE), "--iterations", str(STEPS))
-
-
 @pytest.fixture(scope="module")
 def tempered(tmp_path_factory: pytest.TempPathFactory, inputs: Path) -> LoopRun:
     """SGLang's default: the log-probs of logits / T."""
-    return sglang_loop(tmp_path_factory.mktemp("sglang") / "tempered", inputs, *SAMPLED)
+    return run_sglang_loop(tmp_path_factory.mktemp("sglang") / "tempered", inputs, *SAMPLED)
 
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory: pytest.TempPathFactory, inputs: Path) -> LoopRun:
     """``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: the log-probs of the raw logits."""
-    return sglang_loop(
+    return run_sglang_loop(
         tmp_path_factory.mktemp("sglang") / "original", inputs, *SAMPLED, SGLANG_RETURN_ORIGINAL_LOGPROB="1"
     )
 
@@ -82,7 +75,7 @@ def original(tmp_path_factory: pytest.TempPathFactory, inputs: Path) -> LoopRun:
 def rope_and_token(tmp_path_factory: pytest.TempPathFactory, inputs: Path) -> LoopRun:
     """Greedy, one step: the rollout's rope theta through SGLang's own override, and the first prompt re-tokenized."""
     override = {"rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"}}
-    return sglang_loop(
+    return run_sglang_loop(
         tmp_path_factory.mktemp("sglang") / "rope_and_token",
         inputs,
         *("--iterations", "1", "--rollout-token-change", str(CHANGED_AT)),

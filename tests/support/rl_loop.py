@@ -25,6 +25,7 @@ import torch
 from msprobe_hooks.cli import main
 from support import REPO
 from support.interpreter import clean_env, shim_env
+from support.real_sglang import SGLANG_VENV
 from support.real_vllm import VLLM_PYTHON
 from support.vllm_standin import dispatch_log, read_log
 
@@ -57,12 +58,17 @@ class LoopRun:
         (found,) = [s for s in self.steps if s["global_step"] == step]
         return found["samples"]
 
-    def diagnosis(self, name: str = "report", leave_out: tuple[str, ...] = ()) -> dict:
-        """``compare``'s diagnosis of the run's pairs (``align``'s, as a user runs them) less those of the request
-        ids ``leave_out``, in ``WORK/name``: a report answers for the pairs it is given."""
+    def pairs(self) -> Path:
+        """``WORK/pairs.jsonl``: ``align``'s pairs of the run's dumps, as a user runs it (once)."""
         pairs = self.work / "pairs.jsonl"
         if not pairs.exists():
             assert main(["align", str(self.train_root), str(self.generate_root), "-o", str(pairs)]) == 0
+        return pairs
+
+    def diagnosis(self, name: str = "report", leave_out: tuple[str, ...] = ()) -> dict:
+        """``compare``'s diagnosis of the run's pairs (``align``'s, as a user runs them) less those of the request
+        ids ``leave_out``, in ``WORK/name``: a report answers for the pairs it is given."""
+        pairs = self.pairs()
         kept = self.work / f"{name}.pairs.jsonl"
         lines = [line for line in pairs.read_text().splitlines() if json.loads(line)["key"] not in leave_out]
         kept.write_text("\n".join(lines) + "\n")
@@ -126,6 +132,17 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
         ]
         raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
     return LoopRun.of(work)
+
+
+def run_sglang_loop(work: Path, inputs: Path, *args: str, engine_kwargs: dict | None = None, **env: str) -> LoopRun:
+    """:func:`run_loop` with SGLang rolling out (``.venv-sglang``; ``engine_kwargs``: SGLang's own engine arguments),
+    dumping through SGLang's own switch into ``work/dumps/generate`` (its config names the dump path)."""
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "sglang-msprobe.json"
+    config.write_text(json.dumps({**json.loads(MSPROBE_CONFIG.read_text()), "dump_path": str(work / "dumps/generate")}))
+    kwargs = {"msprobe_dump_config": str(config), **(engine_kwargs or {})}
+    engine = ["--rollout-engine", "sglang", "--sglang-python", str(SGLANG_VENV / "bin" / "python")]
+    return run_loop(work, inputs, *engine, "--rollout-engine-kwargs", json.dumps(kwargs), *args, **env)
 
 
 def kill_loop(work: Path, inputs: Path, until: Callable[[Path], bool], *args: str) -> Path:

@@ -310,9 +310,10 @@ VARIABLES: tuple[Variable, ...] = (
         Flag(),
         "0",
         "Record, in the inference engine, the experts each MoE router chose for every token of every step "
-        "(vLLM: the router's capture hook on each MoERunner): one routed_experts.jsonl line per step beside "
-        "the dispatch log, which compare's routing section reads. Not needed where the hooks drive the dump "
-        "(MSPROBE_GENERATE_CONFIG): each dumped step's line is written then anyway. Dense models: nothing to "
+        "(vLLM: the router's capture hook on each MoERunner; SGLang: each TopK module): one routed_experts.jsonl "
+        "line per step beside the dispatch log, which compare's routing section reads. Not needed where a dump is "
+        "taken (vLLM: MSPROBE_GENERATE_CONFIG; SGLang: its own switch or ours): each dumped step's line is written "
+        "then anyway. Dense models: nothing to "
         "record (one line).",
     ),
     Variable(

@@ -11,10 +11,11 @@ min of the ids, so a statistics dump alone cannot say which experts a token went
 
 ``step`` is the msprobe ``step{N}`` folder of that forward, ``layers`` maps a decoder layer's number (as the dump
 names it: a pipeline stage's own) to the ids ``[tokens, k]`` in the forward's token order. ``margins`` (where the
-router's output holds its logits: the training side's Hugging Face routers) gives per token the k-th largest logit
-minus the next and the largest ``|logit|``: whether a token another side sends elsewhere sat at a near tie.
+router's output holds its logits: the training side's Hugging Face routers, SGLang's ``TopK``) gives per token the
+k-th largest logit minus the next and the largest ``|logit|``: whether a token another side sends elsewhere sat at a
+near tie.
 ``requests`` (inference) or ``global_step`` (training) say whose tokens they are. Writers:
-:mod:`msprobe_hooks.inference.routed_experts` (vLLM's router capture hook) and
+:mod:`msprobe_hooks.inference.routed_experts` (vLLM's router capture hook, SGLang's ``TopK`` modules) and
 :mod:`msprobe_hooks.training.routed_experts` (forward hooks on the routers of a dumped window); reader:
 :mod:`msprobe_hooks.analysis.comparing.routing`. This module imports nothing heavy.
 """

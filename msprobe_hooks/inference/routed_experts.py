@@ -1,12 +1,15 @@
 """The experts an inference engine's MoE routers chose, per token and layer: one line per dumped model step.
 
-Whenever this process's patch drives an msprobe dump (``MSPROBE_GENERATE_CONFIG``), and on every step with
-``MSPROBE_HOOKS_ROUTING=1``, an engine patch hands every router's top-k expert ids to a :class:`RoutingRecorder`
-during the forward (vLLM: the capture hook of each ``MoERunner``'s router, the one vLLM's own routed-experts
-capture uses) and writes them once the step is over, into ``{generate dump_path}/{pid}/routed_experts.jsonl``
-beside the dispatch log, in the format both sides share (:mod:`msprobe_hooks.routing`), with ``requests``: whose
-tokens they are, in the engine's packed order. Written only for dumped steps when a debugger runs (``dumped``;
-the routers' ids of other steps are not even copied), for every step when none does.
+Whenever a dump is taken in this process (vLLM: the steps this process's patch drives with
+``MSPROBE_GENERATE_CONFIG``; SGLang: the forwards its debugger dumps, its own switch or ours), and on every step with
+``MSPROBE_HOOKS_ROUTING=1``, an engine patch hands every router's choice to a :class:`RoutingRecorder` during the
+forward and writes it once the step is over, into ``{generate dump_path}/{pid}/routed_experts.jsonl`` beside the
+dispatch log, in the format both sides share (:mod:`msprobe_hooks.routing`), with ``requests``: whose tokens they
+are, in the engine's packed order. vLLM: the top-k ids, from the capture hook of each ``MoERunner``'s router (the one
+vLLM's own routed-experts capture uses), copied there (vLLM reuses the buffer). SGLang: a forward hook on each
+``TopK`` module keeps its output (ids and the router's logits: the margins too) and the step's end reads it, so no
+tensor op runs inside msprobe's window. Written only for dumped steps when a debugger runs (``dumped``), for every
+step when none does.
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ from typing import Any
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.routing import layer_of
+from msprobe_hooks.log import logger
+from msprobe_hooks.routing import layer_of, router_choice
+
+# SGLang's top-k module (sglang.srt.layers.moe.topk.TopK): its output holds topk_ids and router_logits.
+SGLANG_TOPK = "TopK"
 
 
 class RoutingRecorder:
-    """The ids captured during the current model step, per layer, until :meth:`flush` writes them."""
+    """The router calls of the current model step, per layer, until :meth:`flush` writes their choices."""
 
     def __init__(self, root: str) -> None:
         self.log = JsonlLog(root, ROUTED_EXPERTS_LOG)
-        self.layers: dict[int, list[Any]] = {}
+        self.layers: dict[int, list[Any]] = {}  # per layer, each call's output as routing.router_choice reads it
         self.routers = 0  # routers whose capture hook feeds this recorder
         self.armed = True  # the step in progress is written: False in a step a driven debugger does not dump
 
@@ -34,6 +41,13 @@ class RoutingRecorder:
         if not self.armed:
             return
         self.layers.setdefault(layer, []).append(topk_ids.detach().to("cpu", copy=True))
+
+    def keep(self, layer: int, output: Any) -> None:
+        """One SGLang ``TopK`` call's output, by reference: (its router's logits, its top-k ids), read at the step's
+        end (a tensor op here would run inside msprobe's window)."""
+        if self.armed:
+            ids = getattr(output, "topk_ids", None)
+            self.layers.setdefault(layer, []).append((getattr(output, "router_logits", None), ids))
 
     def discard(self) -> None:
         self.layers = {}
@@ -45,7 +59,17 @@ class RoutingRecorder:
             return
         import torch
 
-        ids = {layer: torch.cat(parts) if len(parts) > 1 else parts[0] for layer, parts in sorted(layers.items())}
+        ids, margins = {}, {}
+        for layer, calls in sorted(layers.items()):
+            found = [router_choice(call) for call in calls]
+            choices = [choice for choice in found if choice is not None]
+            if not choices or len(choices) < len(found):  # a call that holds no choice: nothing said for the layer
+                continue
+            ids[str(layer)] = torch.cat([chosen for chosen, _ in choices]).tolist()
+            if all(margin is not None for _, margin in choices):
+                margins[str(layer)] = torch.cat([margin for _, margin in choices]).tolist()
+        if not ids:
+            return
         offset, rows = 0, []
         for request in requests:
             rows.append(
@@ -61,11 +85,32 @@ class RoutingRecorder:
             "step": step,
             "rank": rank,
             "dumped": dumped,
-            "tokens": int(next(iter(ids.values())).shape[0]),
+            "tokens": len(next(iter(ids.values()))),
             "requests": rows,
-            "layers": {str(layer): tensor.tolist() for layer, tensor in ids.items()},
+            "layers": ids,
         }
+        if margins:
+            record["margins"] = margins
         self.log.write(record)
+
+
+def recorder_for(
+    root: str, model: Any, guarded: Callable[..., Any], asked: bool, bind: Callable[..., int]
+) -> RoutingRecorder | None:
+    """A recorder under ``root`` fed by every MoE router of ``model`` that ``bind`` (:func:`bind` or
+    :func:`bind_topk_modules`) hooks, or None when it finds none; ``asked``: by ``MSPROBE_HOOKS_ROUTING`` (a model
+    without routers then says so), not only by a dump."""
+    recorder = RoutingRecorder(root)
+    if bind(model, recorder, guarded):
+        logger().info("%d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
+        return recorder
+    if asked:
+        logger().info(
+            "MSPROBE_HOOKS_ROUTING is set but this model has no MoE router the hooks can read "
+            "(vLLM: a router with set_capture_fn; SGLang: a TopK module): no %s in this worker",
+            ROUTED_EXPERTS_LOG,
+        )
+    return None
 
 
 def bind(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> int:
@@ -88,6 +133,29 @@ def bind(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> 
         bound += 1
     recorder.routers = bound
     return bound
+
+
+def bind_topk_modules(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> int:
+    """Keep the output of every SGLang ``TopK`` module of ``model`` for ``recorder`` (a forward hook each, which
+    returns nothing: the output goes on unchanged); the number of modules hooked."""
+    bound = 0
+    for name, module in model.named_modules():
+        if type(module).__name__ != SGLANG_TOPK:
+            continue
+        layer = layer_of(name, getattr(module, "layer_id", None))
+        if layer is None:
+            continue
+        module.register_forward_hook(_keeper(recorder, layer, guarded))
+        bound += 1
+    recorder.routers = bound
+    return bound
+
+
+def _keeper(recorder: RoutingRecorder, layer: int, guarded: Callable[..., Any]) -> Callable:
+    def keep(module: Any, args: Any, output: Any) -> None:
+        guarded("recording the routed experts", recorder.keep, layer, output)
+
+    return keep
 
 
 def _capture(recorder: RoutingRecorder, layer: int, previous: Any, guarded: Callable[..., Any]) -> Callable:

@@ -4,8 +4,10 @@ The MoE model (``cpu_kit/moe_inputs.py``: 3 layers of 8 experts, top 2) and four
 dumping statistics with no routing switch, as a user dumps: verl's FSDP2 engine its prompt-only forwards (its
 process writes the ids and margins its routers returned into ``routed_experts.jsonl``), vLLM the steps the hooks
 drive (each worker writes the ids its routers chose into its own), at tensor parallel 2 on the clean model and at 1
-on a copy whose layer-1 router row was scaled so that a known share of the tokens goes to other experts. (The
-tensor-mode path, the routers' ids read from the training dump, is proven on the golden ``moe`` trees.) The dense
+on a copy whose layer-1 router row was scaled so that a known share of the tokens goes to other experts; SGLang's CPU
+engine on that copy too, dumping statistics through its own switch (its scheduler writes what each ``TopK`` module
+chose in every dumped forward, with no switch of ours). (The tensor-mode path, the routers' ids read from the
+training dump, is proven on the golden ``moe`` trees.) The dense
 Qwen3 runs once, against a copy with ``layers.1.self_attn.k_norm`` x1.05 (routing switched on: there is nothing to
 record). Each compare runs through the CLI, as a user does.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pandas
 import pytest
-from support.compare_runs import align, msprobe_config, run_compare, run_training, run_vllm
+from support.compare_runs import align, msprobe_config, run_compare, run_sglang, run_training, run_vllm
 
 from cpu_kit import moe_inputs
 from msprobe_hooks.analysis.report.routing import ROUTING_CSV
@@ -87,6 +89,28 @@ def test_a_planted_router_fault_is_named_routing_with_its_share(moe, tmp_path):
         router = mine[(mine["module"] == f"layers.{fault.layer}.mlp.gate") & (mine["io"] == "output")]
         before = mine[mine["order"] < router["order"].iloc[0]]
         assert not before["steps_up"].fillna(False).any() and not before["diverges"].fillna(False).any()
+
+
+def test_sglang_records_its_routers_in_statistics_mode_and_the_router_fault_is_named(moe, tmp_path):
+    root, _, prompts, fault, stats, train_root = moe
+    generate_root = run_sglang(root / "sglang-router", root / "moe-router", prompts, stats)
+    pairs = align(train_root, generate_root, root / "sglang-router" / "pairs.jsonl")
+    assert sorted(p["key"] for p in pairs) == [f"req-{i}" for i in range(len(moe_inputs.PROMPT_LENS))]
+    (log,) = generate_root.glob(f"*/{ROUTED_EXPERTS_LOG}")
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    # SGLang's switch dumps every forward, decodes too: a line each, its rows the forward's tokens in packed order,
+    # every MoE layer's ids and margins (from the router's logits TopK returns)
+    assert len(lines) > len(pairs) and {line["dumped"] for line in lines} == {True}
+    for line in lines:
+        assert line["tokens"] == sum(row["tokens"] for row in line["requests"])
+        assert set(line["layers"]) == set(line["margins"]) == {str(n) for n in range(moe_inputs.MOE_LAYERS)}
+    done, results, _ = run_compare(root / "sglang-router" / "pairs.jsonl", tmp_path / "report")
+    table = pandas.read_csv(tmp_path / "report" / ROUTING_CSV)
+    by_layer = table.groupby("layer")[["tokens", "flipped"]].sum()
+    assert by_layer.loc[0, "flipped"] == 0
+    found = by_layer.loc[fault.layer, "flipped"] / by_layer.loc[fault.layer, "tokens"]
+    assert abs(found - fault.share) <= 0.03  # fp32 on both sides: the planted tokens
+    assert done.stdout.splitlines()[0].startswith("cause: routing"), done.stdout
 
 
 def test_qwen3_a_k_norm_fault_is_named_at_the_k_norm(tmp_path_factory, tmp_path):

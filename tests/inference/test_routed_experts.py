@@ -1,18 +1,20 @@
 """The routed-experts record (``msprobe_hooks.inference.routed_experts``): binding routers, one line per step.
 
-The real vLLM engine binds and writes it in ``tests/analysis/test_compare_moe.py`` (and the golden ``moe`` trees
-were cut from such runs); here, what those runs do not reach: a capture hook already set keeps being called, a
-failing record never reaches the forward, a packed step's rows, a step with no router call writes nothing.
+The real vLLM and SGLang engines bind and write it in ``tests/analysis/test_compare_moe.py`` (and the golden ``moe``
+trees were cut from such runs); here, what those runs do not reach: a capture hook already set keeps being called, a
+failing record never reaches the forward, a packed step's rows, a step with no router call writes nothing, an SGLang
+top-k output left as it was and one that holds no ids.
 """
 
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import torch
 
 from msprobe_hooks.inference.dispatch_log import ScheduledRequest
-from msprobe_hooks.inference.routed_experts import RoutingRecorder, bind
+from msprobe_hooks.inference.routed_experts import RoutingRecorder, bind, bind_topk_modules
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.routing import layer_of
 
@@ -116,3 +118,44 @@ def test_a_step_the_driven_debugger_does_not_dump_copies_no_ids(tmp_path):
     recorder.flush(1, 0, True, [request("a", 1)])
     (path,) = tmp_path.glob(f"*/{ROUTED_EXPERTS_LOG}")
     assert [json.loads(text)["layers"] for text in path.read_text().splitlines()] == [{"0": [[1, 2]]}]
+
+
+class TopKOutput(NamedTuple):  # SGLang's StandardTopKOutput
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    router_logits: torch.Tensor
+
+
+class TopK(torch.nn.Module):
+    """SGLang's top-k module by its class name: the router's logits in, its choice out."""
+
+    def forward(self, logits: torch.Tensor):
+        weights, ids = logits.softmax(-1).topk(2)
+        return TopKOutput(weights, ids, logits)
+
+
+def _no_ids(self, logits: torch.Tensor):
+    return (logits,)
+
+
+# SGLang's TopK with a backend whose output holds no ids the record reads (its PackedTopKOutput)
+PackedTopK = type("TopK", (TopK,), {"forward": _no_ids})
+
+
+def test_sglangs_top_k_outputs_are_kept_unchanged_and_read_at_the_steps_end_with_their_margins(tmp_path):
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(2))
+    model.layers[0].topk = TopK()
+    model.layers[1].topk = PackedTopK()
+    recorder = RoutingRecorder(str(tmp_path))
+    assert bind_topk_modules(model, recorder, unguarded) == 2
+    logits = torch.tensor([[0.1, 2.0, 1.0, 0.5], [3.0, 0.0, 2.9, 1.0]])
+    output = model.layers[0].topk(logits)
+    assert output.topk_ids.tolist() == [[1, 2], [0, 2]]  # the hook returns nothing: the output is the module's
+    model.layers[1].topk(logits)
+    recorder.flush(3, 0, True, [request("a", 2)])
+    (path,) = tmp_path.glob(f"*/{ROUTED_EXPERTS_LOG}")
+    (line,) = [json.loads(text) for text in path.read_text().splitlines()]
+    assert line["layers"] == {"0": [[1, 2], [0, 2]]}  # layer 1 held no ids: nothing said of it
+    # margin: the k-th logit minus the next (1.0 - 0.5, 2.9 - 1.0), beside each token's largest |logit|
+    assert line["margins"] == {"0": [[0.5, 2.0], [1.9, 3.0]]}

@@ -8,9 +8,9 @@ logits diverge". Per pair and MoE layer (a layer with a ``router`` rule in the n
   ``(logits, weights, ids)``: the integer output) and its logits (output 0), for the margins; else (statistics
   hold only the ids' max and min) from its process's ``routed_experts.jsonl``, written beside every dumped window
   (:mod:`msprobe_hooks.training.routed_experts`: the ids and each token's margin);
-* **inference side**: what the engine chose, from ``routed_experts.jsonl`` (written for every dumped step the
-  hooks drive, or every step with ``MSPROBE_HOOKS_ROUTING=1``; :mod:`msprobe_hooks.inference.routed_experts`:
-  vLLM's own router capture), else from a tensor-mode dump of an engine whose top-k choice is a module (SGLang's
+* **inference side**: what the engine chose, from ``routed_experts.jsonl`` (written for every dumped step, or every
+  step with ``MSPROBE_HOOKS_ROUTING=1``; :mod:`msprobe_hooks.inference.routed_experts`: vLLM's own router capture,
+  SGLang's ``TopK`` modules), else from a tensor-mode dump of an engine whose top-k choice is a module (SGLang's
   ``TopK``: its ``topk_ids``). (A level-``mix`` tensor dump's ``Torch.topk`` rows hold vLLM's ids too, but which
   call is which layer's is not said there: not read.)
 
@@ -47,9 +47,8 @@ NO_TRAINING_ROUTER = (
     "--mapping (docs/analysis.md, 'The name map')"
 )
 NO_INFERENCE_IDS = (
-    f"the inference side recorded no expert ids for this step (vLLM: no {ROUTED_EXPERTS_LOG} line: a dump msprobe "
-    "drove itself, e.g. vLLM-Ascend's switch, needs MSPROBE_HOOKS_ROUTING=1); SGLang: dump it in tensor mode (its "
-    "TopK module)"
+    f"the inference side recorded no expert ids for this step (no {ROUTED_EXPERTS_LOG} line: an older msprobe-hooks, "
+    "or a dump msprobe drove itself, e.g. vLLM-Ascend's switch, which needs MSPROBE_HOOKS_ROUTING=1)"
 )
 
 

@@ -21,7 +21,9 @@ requests the forward holds, in token order, how many tokens each, how many were 
 and the msprobe step the forward is.
 
 Beside it, as vLLM's runners do (:mod:`.evidence`): ``engine.jsonl``, one line per runner once ``__init__`` has
-loaded the model, and ``requests.jsonl``, one line per request in the first forward that holds it.
+loaded the model, and ``requests.jsonl``, one line per request in the first forward that holds it; and, for an MoE
+model whenever a debugger runs (or with ``MSPROBE_HOOKS_ROUTING=1``), ``routed_experts.jsonl``: what each ``TopK``
+module chose in every dumped forward (:mod:`msprobe_hooks.inference.routed_experts`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from packaging.version import Version
 
 from msprobe_hooks import config as config_module
 from msprobe_hooks import debugger, patching
-from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.inference import dispatch_log, routed_experts
 from msprobe_hooks.inference.dispatch_log import (
     RunnerLog,
     ScheduledRequest,
@@ -139,6 +141,13 @@ class SglangRunner(RunnerLog):
         self.own = own  # we start/stop/step the debugger; otherwise SGLang does, or nobody
         self.dump_all = dump_all  # own debugger only: every forward, not just those holding prompt tokens
         self.rank_id = rank_id  # passed to start() (DP > 1), as SGLang's native switch does
+        self.routing: routed_experts.RoutingRecorder | None = None  # the TopK modules' choices (an MoE model)
+
+    def bind_routing(self, model: Any, guarded: Any, asked: bool) -> None:
+        """Keep what every TopK module of the loaded ``model`` chooses (``asked``: by ``MSPROBE_HOOKS_ROUTING``)."""
+        self.routing = routed_experts.recorder_for(
+            self.log.root, model, guarded, asked, routed_experts.bind_topk_modules
+        )
 
     def begin(self, model: Any, forward_batch: Any) -> StepWindow:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
@@ -164,6 +173,11 @@ class SglangRunner(RunnerLog):
         if rank is None and self.debugger is not None:
             rank = debugger.dump_rank(self.debugger)
         self.write(window.step, dumped, window.requests or [], window.forward_mode, rank)
+        if self.routing is not None:  # a dumped forward's choices, or every forward's when nobody dumps
+            if dumped or self.debugger is None:
+                self.routing.flush(window.step, rank, dumped, window.requests or [])
+            else:
+                self.routing.discard()
 
 
 def _log_for(root: str) -> JsonlLog:
@@ -285,6 +299,9 @@ def patch(module: ModuleType, ctx: PatchContext) -> None:
         state = getattr(instance, _STATE_ATTR, None)
         if state is not None:  # the model is loaded by now
             ctx.guarded("recording the engine's numerics settings", evidence.describe_engine, state, instance)
+            if state.debugger is not None or ctx.config.routing:
+                asked = ctx.config.routing
+                ctx.guarded("setting the MoE routers' capture", state.bind_routing, instance.model, ctx.guarded, asked)
         return result
 
     ctx.wrap(cls, "__init__", init)

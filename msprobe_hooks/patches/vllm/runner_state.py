@@ -27,7 +27,7 @@ from msprobe_hooks.inference.dispatch_log import (
 )
 from msprobe_hooks.inference.evidence import EvidenceLogs
 from msprobe_hooks.inference.routed_experts import RoutingRecorder
-from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG, strip_vllm_suffix
+from msprobe_hooks.join_keys import strip_vllm_suffix
 from msprobe_hooks.log import logger
 
 _states: weakref.WeakKeyDictionary[Any, VllmRunner] = weakref.WeakKeyDictionary()
@@ -113,16 +113,7 @@ class VllmRunner(RunnerLog):
         """Feed every MoE router's capture hook of ``model`` into this runner's recorder (once); ``asked``: by
         ``MSPROBE_HOOKS_ROUTING`` (a model without routers then says so), not only by a dump driven."""
         self.routing_bound = True
-        recorder = RoutingRecorder(self.dump_root)
-        if routed_experts.bind(model, recorder, guarded):
-            self.routing = recorder
-            logger().info("%d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
-        elif asked:
-            logger().info(
-                "MSPROBE_HOOKS_ROUTING is set but this model has no MoE router with a capture hook "
-                "(vLLM's router.set_capture_fn): no %s in this worker",
-                ROUTED_EXPERTS_LOG,
-            )
+        self.routing = routed_experts.recorder_for(self.dump_root, model, guarded, asked, routed_experts.bind)
 
     def end_routing(self) -> None:
         """The step is over: write what its routers chose (dumped steps only when a debugger runs)."""

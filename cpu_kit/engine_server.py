@@ -11,6 +11,7 @@ replies only. Standard library only: it runs in every venv.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -23,6 +24,19 @@ from typing import IO, Any
 # Engine start is ~15-70 s on 2 cores (import, profile run, KV cache); a command is well under that.
 START_TIMEOUT = 600.0
 COMMAND_TIMEOUT = 300.0
+
+
+def server_arguments(description: str) -> argparse.ArgumentParser:
+    """An engine server's command line: the model folder and the engine's dtype; each engine adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("model", help="a Hugging Face model folder")
+    parser.add_argument("--dtype", default="float32", help="the engine's dtype: float32 (default) or bfloat16")
+    return parser
+
+
+def server_command(python: str | os.PathLike, server: str, model: str | os.PathLike, dtype: str) -> list[str]:
+    """How a client starts the engine server module ``server`` (a file) on ``model``; each engine adds its options."""
+    return [os.fspath(python), os.path.abspath(server), os.fspath(model), "--dtype", dtype]
 
 
 class EngineError(RuntimeError):

@@ -21,7 +21,6 @@ mentions any dump tool: dumps come from the environment and the engine arguments
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file in the SGLang venv: cpu_kit is imported from the repository root
     sys.path.insert(0, str(REPO))
 
-from cpu_kit.engine_server import EngineClient, answer_commands, claim_stdout  # noqa: E402
+from cpu_kit import engine_server  # noqa: E402
 
 # docs/inference-sglang.md: the sgl_kernel names SGLang imports on a CPU without AMX, none of them called.
 KERNEL_STUB = REPO / "tests" / "standins" / "sgl_kernel_stub"
@@ -86,7 +85,7 @@ class _Server:
 
 def serve(model: str, dtype: str, engine_kwargs: Mapping[str, Any]) -> int:
     """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
-    replies = claim_stdout()
+    replies = engine_server.claim_stdout()
 
     import sglang
 
@@ -94,12 +93,14 @@ def serve(model: str, dtype: str, engine_kwargs: Mapping[str, Any]) -> int:
     try:
         server = _Server(engine)
         hello = {"pid": os.getpid(), "engine": "sglang", "version": sglang.__version__}
-        return answer_commands(replies, hello, {"generate": server.generate, "update_weights": server.update_weights})
+        return engine_server.answer_commands(
+            replies, hello, {"generate": server.generate, "update_weights": server.update_weights}
+        )
     finally:
         engine.shutdown()
 
 
-class SglangEngine(EngineClient):
+class SglangEngine(engine_server.EngineClient):
     """This module run as a server in ``python`` (a ``.venv-sglang`` interpreter), stderr to ``log_path``; ``env`` is
     its environment, to which the CPU engine's switch and the kernel stub are added."""
 
@@ -113,7 +114,7 @@ class SglangEngine(EngineClient):
         dtype: str = "float32",
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
+        command = engine_server.server_command(python, __file__, model, dtype)
         command += ["--engine-kwargs", json.dumps(dict(engine_kwargs or {}))]
         path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.fspath(KERNEL_STUB)) if p)
         cpu = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": path}  # else the scheduler imports vLLM's custom ops
@@ -121,9 +122,7 @@ class SglangEngine(EngineClient):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a Hugging Face model folder")
-    parser.add_argument("--dtype", default="float32", help="the engine's dtype: float32 (default) or bfloat16")
+    parser = engine_server.server_arguments(__doc__.splitlines()[0])
     parser.add_argument(
         "--engine-kwargs",
         type=json.loads,

@@ -30,7 +30,6 @@ the top: :class:`VllmEngine`, the client, runs in the training venv.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -43,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a file in the vLLM venv: cpu_kit is imported from the repository root
     sys.path.insert(0, str(REPO))
 
-from cpu_kit.engine_server import EngineClient, answer_commands, claim_stdout  # noqa: E402
+from cpu_kit import engine_server  # noqa: E402
 
 ENGINE_DEFAULTS = {"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 256, "seed": 0}
 
@@ -114,7 +113,7 @@ def serve(
     hf_overrides: Mapping[str, Any] | None = None,
 ) -> int:
     """Start the engine on ``model`` and answer commands from stdin until ``shutdown`` or EOF."""
-    replies = claim_stdout()
+    replies = engine_server.claim_stdout()
 
     import vllm
     from vllm import LLM
@@ -129,13 +128,15 @@ def serve(
     )
     server = _Server(llm)
     hello = {"pid": os.getpid(), "engine": "vllm", "version": vllm.__version__}
-    return answer_commands(replies, hello, {"generate": server.generate, "update_weights": server.update_weights})
+    return engine_server.answer_commands(
+        replies, hello, {"generate": server.generate, "update_weights": server.update_weights}
+    )
 
 
 # --- the client (in the training venv) ----------------------------------------------------------
 
 
-class VllmEngine(EngineClient):
+class VllmEngine(engine_server.EngineClient):
     """This module run as a server in ``python`` (a ``.venv-vllm`` interpreter), stderr to ``log_path``; ``env`` is
     its whole environment (:class:`~cpu_kit.engine_server.EngineClient`)."""
 
@@ -151,16 +152,14 @@ class VllmEngine(EngineClient):
         logprobs_mode: str = "raw_logprobs",
         hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        command = [os.fspath(python), os.path.abspath(__file__), os.fspath(model), "--dtype", dtype]
+        command = engine_server.server_command(python, __file__, model, dtype)
         command += ["--kv-cache-dtype", kv_cache_dtype, "--logprobs-mode", logprobs_mode]
         command += ["--hf-overrides", json.dumps(dict(hf_overrides or {}))]
         super().__init__(command, env=_in_process(env), log_path=log_path, name="the vLLM engine")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a Hugging Face model folder")
-    parser.add_argument("--dtype", default="float32", help="the engine's dtype: float32 (default) or bfloat16")
+    parser = engine_server.server_arguments(__doc__.splitlines()[0])
     parser.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype (default auto: the model's)")
     parser.add_argument(
         "--logprobs-mode", default="raw_logprobs", help="vLLM's logprobs_mode (default raw_logprobs, vLLM's own)"

@@ -23,6 +23,7 @@ near tie.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -68,6 +69,24 @@ def router_choice(output: Any) -> tuple[Any, Any] | None:
     ordered = logits.topk(k + 1, dim=-1).values
     margins = torch.stack((ordered[:, k - 1] - ordered[:, k], logits.abs().max(dim=-1).values), dim=-1)
     return ids, _significant(margins)
+
+
+def choices_by_layer(calls: Mapping[int, Sequence[Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per decoder layer (``calls``: each router call's output, in call order) the ids the calls chose and, where
+    every call gave them, their margins, as the record's ``layers`` and ``margins``; a layer one of whose calls holds
+    no choice is left out (nothing is said of it)."""
+    import torch
+
+    layers, margins = {}, {}
+    for layer, outputs in sorted(calls.items()):
+        found = [router_choice(output) for output in outputs]
+        choices = [choice for choice in found if choice is not None]
+        if not choices or len(choices) < len(found):
+            continue
+        layers[str(layer)] = torch.cat([ids for ids, _ in choices]).tolist()
+        if all(margin is not None for _, margin in choices):
+            margins[str(layer)] = torch.cat([margin for _, margin in choices]).tolist()
+    return layers, margins
 
 
 def _significant(values: Any) -> Any:

@@ -116,9 +116,9 @@ from support.compare_runs import (  # noqa: E402
 )
 from support.interpreter import clean_env, shim_env  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
-from support.rl_loop import run_sglang_loop  # noqa: E402
+from support.rl_loop import demo_inputs_in, run_sglang_loop  # noqa: E402
 
-from cpu_kit import demo_inputs, verl_cpu  # noqa: E402
+from cpu_kit import verl_cpu  # noqa: E402
 from cpu_kit.main_ppo import TIMEOUT_S as MAIN_PPO_TIMEOUT_S  # noqa: E402
 from cpu_kit.moe_inputs import perturb_weight  # noqa: E402
 
@@ -575,9 +575,7 @@ SGLANG_LOOP_CASES = {"tempered": {}, "raw_logprobs": {"SGLANG_RETURN_ORIGINAL_LO
 
 
 def _sglang_loop(work: Path, out: Path) -> None:
-    inputs = work / "inputs"
-    demo_inputs.build_models(inputs)
-    demo_inputs.write_prompts(inputs / "prompts.jsonl")
+    inputs = demo_inputs_in(work / "inputs")
     sampled = ["--temperature", "0.8", "--train-temperature", "0.8", "--iterations", "1"]
     for name, env in SGLANG_LOOP_CASES.items():
         run = run_sglang_loop(work / name, inputs, *sampled, **env)

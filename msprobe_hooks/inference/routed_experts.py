@@ -21,7 +21,7 @@ from msprobe_hooks.inference.dispatch_log import ScheduledRequest
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.jsonl import JsonlLog
 from msprobe_hooks.log import logger
-from msprobe_hooks.routing import layer_of, router_choice
+from msprobe_hooks.routing import choices_by_layer, layer_of
 
 # SGLang's top-k module (sglang.srt.layers.moe.topk.TopK): its output holds topk_ids and router_logits.
 SGLANG_TOPK = "TopK"
@@ -57,17 +57,7 @@ class RoutingRecorder:
         layers, self.layers = self.layers, {}
         if not layers:
             return
-        import torch
-
-        ids, margins = {}, {}
-        for layer, calls in sorted(layers.items()):
-            found = [router_choice(call) for call in calls]
-            choices = [choice for choice in found if choice is not None]
-            if not choices or len(choices) < len(found):  # a call that holds no choice: nothing said for the layer
-                continue
-            ids[str(layer)] = torch.cat([chosen for chosen, _ in choices]).tolist()
-            if all(margin is not None for _, margin in choices):
-                margins[str(layer)] = torch.cat([margin for _, margin in choices]).tolist()
+        ids, margins = choices_by_layer(layers)
         if not ids:
             return
         offset, rows = 0, []

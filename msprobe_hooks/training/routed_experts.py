@@ -17,7 +17,7 @@ from typing import Any
 
 from msprobe_hooks.join_keys import ROUTED_EXPERTS_LOG
 from msprobe_hooks.jsonl import JsonlLog
-from msprobe_hooks.routing import layer_of, router_choice
+from msprobe_hooks.routing import choices_by_layer, layer_of
 
 
 def _routers(model: Any) -> list[tuple[int, str, Any]]:
@@ -76,17 +76,7 @@ class RouterWatch:
         self.release()
         if not outputs or self.log is None:
             return
-        import torch
-
-        layers, margins = {}, {}
-        for layer, calls in sorted(outputs.items()):
-            found = [router_choice(output) for output in calls]
-            choices = [choice for choice in found if choice is not None]
-            if not choices or len(choices) < len(found):  # a call whose output holds no choice: not a router
-                continue
-            layers[str(layer)] = torch.cat([ids for ids, _ in choices]).tolist()
-            if all(m is not None for _, m in choices):
-                margins[str(layer)] = torch.cat([m for _, m in choices]).tolist()
+        layers, margins = choices_by_layer(outputs)  # a call whose output holds no choice is not a router
         if not layers:
             return
         record = {

@@ -29,13 +29,13 @@ import torch
 from support.rl_loop import (
     FP32_GAP,
     LoopRun,
+    demo_inputs_in,
     largest_gap,
     oracle_log_probs,
     reference_model,
     run_sglang_loop,
 )
 
-from cpu_kit import demo_inputs
 from cpu_kit.rl_loop import token_gaps
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG
 from msprobe_hooks.numerics import RAW_LOGPROBS, TEMPERATURE_SCALED_LOGPROBS
@@ -51,10 +51,7 @@ SAMPLED = ("--temperature", str(TEMPERATURE), "--train-temperature", str(TEMPERA
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("inputs")
-    demo_inputs.build_models(folder)
-    demo_inputs.write_prompts(folder / "prompts.jsonl")
-    return folder
+    return demo_inputs_in(tmp_path_factory.mktemp("inputs"))
 
 
 @pytest.fixture(scope="module")

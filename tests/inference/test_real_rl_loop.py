@@ -29,6 +29,7 @@ from support.real_vllm import VLLM_PYTHON, engine_env
 from support.rl_loop import (
     FP32_GAP,
     LoopRun,
+    demo_inputs_in,
     kill_loop,
     largest_gap,
     log_lines,
@@ -55,11 +56,7 @@ STEPS_PER_ROLLOUT = sum(RESPONSE_LENGTHS)  # one at a time: a prefill, then a de
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's model, its perturbed copy and prompts (``cpu_kit.demo_inputs``)."""
-    folder = tmp_path_factory.mktemp("inputs")
-    demo_inputs.build_models(folder)
-    demo_inputs.write_prompts(folder / "prompts.jsonl")
-    return folder
+    return demo_inputs_in(tmp_path_factory.mktemp("inputs"))
 
 
 SYNC_FAULT = ("--iterations", str(FAULT_STEP), "--drop-tensor", DROPPED, "--at-step", str(FAULT_STEP))

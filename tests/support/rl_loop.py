@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from cpu_kit import demo_inputs
 from msprobe_hooks.cli import main
 from support import REPO
 from support.interpreter import clean_env, shim_env
@@ -132,6 +133,14 @@ def run_loop(work: Path, inputs: Path, *args: str, **env: str) -> LoopRun:
         ]
         raise AssertionError(f"the RL loop failed ({done.returncode})\n" + "\n".join(tails))
     return LoopRun.of(work)
+
+
+def demo_inputs_in(folder: Path) -> Path:
+    """``folder`` holding the demo's model, its perturbed copy and prompts (``cpu_kit.demo_inputs``): the loop's
+    inputs."""
+    demo_inputs.build_models(folder)
+    demo_inputs.write_prompts(folder / "prompts.jsonl")
+    return folder
 
 
 def run_sglang_loop(work: Path, inputs: Path, *args: str, engine_kwargs: dict | None = None, **env: str) -> LoopRun:

@@ -13,6 +13,11 @@ pass/fail.
 Then what the training side's routers' record costs a dumped window (``msprobe_hooks.training.routed_experts``): a
 forward of the kit's Qwen3-MoE (``cpu_kit/moe_inputs.py``, ``RECORD_LAYERS`` layers) over ``RECORD_TOKENS`` tokens,
 alone and with the routers watched, and the window's line written after it, per window and per token and layer.
+
+And SGLang's (``msprobe_hooks.inference.routed_experts.bind_topk_modules``), whose forward hook runs in every forward
+once a dump is configured: ``RECORD_LAYERS`` top-k modules as SGLang's ``TopK`` (its class name and output fields;
+SGLang does not run in this venv), a decode step of ``DECODE_TOKENS`` tokens alone and hooked (its outputs kept, then
+dropped: a forward not dumped), and a dumped forward's line over ``RECORD_TOKENS`` tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ sys.path.insert(0, str(REPO))  # cpu_kit
 ROUNDS = 7
 RECORD_TOKENS = 2048
 RECORD_LAYERS = 4
+DECODE_TOKENS = 32  # a decode step's batch
+DECODE_REPEAT = 200
+EXPERTS, TOP_K = 8, 2  # the kit's Qwen3-MoE
 
 
 def _golden_pairs(folder: Path) -> Path:
@@ -99,6 +107,7 @@ def main() -> int:
         f"({alone / with_routing:.0%} of compare_pair; {alone / max(layers, 1) * 1e3:.2f} ms per MoE layer)"
     )
     _record_cost()
+    _sglang_record_cost()
     return 0
 
 
@@ -149,6 +158,63 @@ def _record_cost() -> None:
         f"training routers' record, Qwen3-MoE {RECORD_LAYERS} layers x {RECORD_TOKENS} tokens: forward "
         f"{plain * 1e3:.1f} ms alone, {watched * 1e3:.1f} ms watched and written ({watched / plain:.2f}x); the line "
         f"{line * 1e3:.1f} ms, {line / cells * 1e6:.2f} us and {size / lines / cells:.0f} bytes per token and layer"
+    )
+
+
+def _sglang_record_cost() -> None:
+    """SGLang's record: the TopK hooks' cost in a forward not dumped, and a dumped forward's line."""
+    from typing import NamedTuple
+
+    import torch
+
+    from msprobe_hooks.inference.dispatch_log import ScheduledRequest
+    from msprobe_hooks.inference.routed_experts import RoutingRecorder, bind_topk_modules
+
+    class Output(NamedTuple):  # SGLang's StandardTopKOutput
+        topk_weights: torch.Tensor
+        topk_ids: torch.Tensor
+        router_logits: torch.Tensor
+
+    class TopK(torch.nn.Module):  # the class name the binding looks for
+        def forward(self, logits: torch.Tensor) -> Output:
+            weights, ids = logits.softmax(-1).topk(TOP_K)
+            return Output(weights, ids, logits)
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(RECORD_LAYERS))
+    for layer in model.layers:
+        layer.topk = TopK()
+    decode, prefill = torch.randn(DECODE_TOKENS, EXPERTS), torch.randn(RECORD_TOKENS, EXPERTS)
+
+    def forward(logits: torch.Tensor) -> None:
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.topk(logits)
+
+    def decodes() -> None:  # a round is DECODE_REPEAT steps: one step is too short to time alone
+        for _ in range(DECODE_REPEAT):
+            forward(decode)
+            recorder.discard()  # a forward not dumped drops what it kept (nothing before the binding)
+
+    recorder = RoutingRecorder(tempfile.gettempdir())  # bound below; writes nothing here
+    plain = _median(decodes) / DECODE_REPEAT
+    with tempfile.TemporaryDirectory(prefix="bench-moe-sglang-") as folder:
+        recorder = RoutingRecorder(folder)
+        bind_topk_modules(model, recorder, lambda what, work, *args: work(*args))
+        hooked = _median(decodes) / DECODE_REPEAT
+        rows = [ScheduledRequest("r", "r", True, RECORD_TOKENS, 0, RECORD_TOKENS, None)]
+        lines = []
+        for step in range(ROUNDS):
+            forward(prefill)
+            began = time.perf_counter()
+            recorder.flush(step, 0, True, rows)
+            lines.append(time.perf_counter() - began)
+    line, cells = statistics.median(lines), RECORD_TOKENS * RECORD_LAYERS
+    print(
+        f"SGLang routers' record, {RECORD_LAYERS} TopK modules: a {DECODE_TOKENS}-token forward not dumped "
+        f"{plain * 1e6:.0f} us alone, {hooked * 1e6:.0f} us hooked (+{(hooked - plain) / RECORD_LAYERS * 1e6:.1f} us a "
+        f"layer); a dumped forward's line over {RECORD_TOKENS} tokens {line * 1e3:.1f} ms, "
+        f"{line / cells * 1e6:.2f} us per token and layer"
     )
 
 

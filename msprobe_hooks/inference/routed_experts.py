@@ -32,7 +32,7 @@ class RoutingRecorder:
 
     def __init__(self, root: str) -> None:
         self.log = JsonlLog(root, ROUTED_EXPERTS_LOG)
-        self.layers: dict[int, list[Any]] = {}  # per layer, each call's output as routing.router_choice reads it
+        self.layers: dict[int, list[Any]] = {}  # per layer, each call: vLLM's copied ids, SGLang's TopK output
         self.routers = 0  # routers whose capture hook feeds this recorder
         self.armed = True  # the step in progress is written: False in a step a driven debugger does not dump
 
@@ -42,19 +42,15 @@ class RoutingRecorder:
             return
         self.layers.setdefault(layer, []).append(topk_ids.detach().to("cpu", copy=True))
 
-    def keep(self, layer: int, output: Any) -> None:
-        """One SGLang ``TopK`` call's output, by reference: (its router's logits, its top-k ids), read at the step's
-        end (a tensor op here would run inside msprobe's window)."""
-        if self.armed:
-            ids = getattr(output, "topk_ids", None)
-            self.layers.setdefault(layer, []).append((getattr(output, "router_logits", None), ids))
-
     def discard(self) -> None:
-        self.layers = {}
+        """Forget the calls so far. The lists stay: SGLang's hooks append to them."""
+        for calls in self.layers.values():
+            calls.clear()
 
     def flush(self, step: int, rank: int | None, dumped: bool, requests: Sequence[ScheduledRequest]) -> None:
         """Write what this step's routers chose (nothing when no router ran) and start the next step empty."""
-        layers, self.layers = self.layers, {}
+        layers = {layer: [_choice_source(call) for call in calls] for layer, calls in self.layers.items() if calls}
+        self.discard()
         if not layers:
             return
         ids, margins = choices_by_layer(layers)
@@ -125,9 +121,19 @@ def bind(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> 
     return bound
 
 
+def _choice_source(call: Any) -> Any:
+    """What :func:`~msprobe_hooks.routing.router_choice` reads of a kept call: an SGLang ``TopK`` output's router
+    logits and ids (its weights would hide the margins), else the call as kept (vLLM's copied ids)."""
+    ids = getattr(call, "topk_ids", None)
+    return call if ids is None else (getattr(call, "router_logits", None), ids)
+
+
 def bind_topk_modules(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> int:
     """Keep the output of every SGLang ``TopK`` module of ``model`` for ``recorder`` (a forward hook each, which
-    returns nothing: the output goes on unchanged); the number of modules hooked."""
+    returns nothing: the output goes on unchanged); the number of modules hooked. The hook runs in every forward
+    once a dump is configured, dumped or not: it only appends the output to its layer's list (nothing there can
+    fail into the forward, so ``guarded`` is not needed; no tensor op runs inside msprobe's window), and the forward's
+    end reads or drops it."""
     bound = 0
     for name, module in model.named_modules():
         if type(module).__name__ != SGLANG_TOPK:
@@ -135,15 +141,15 @@ def bind_topk_modules(model: Any, recorder: RoutingRecorder, guarded: Callable[.
         layer = layer_of(name, getattr(module, "layer_id", None))
         if layer is None:
             continue
-        module.register_forward_hook(_keeper(recorder, layer, guarded))
+        module.register_forward_hook(_keeper(recorder.layers.setdefault(layer, [])))
         bound += 1
     recorder.routers = bound
     return bound
 
 
-def _keeper(recorder: RoutingRecorder, layer: int, guarded: Callable[..., Any]) -> Callable:
+def _keeper(calls: list[Any]) -> Callable:
     def keep(module: Any, args: Any, output: Any) -> None:
-        guarded("recording the routed experts", recorder.keep, layer, output)
+        calls.append(output)
 
     return keep
 

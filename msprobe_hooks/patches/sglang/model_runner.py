@@ -153,6 +153,8 @@ class SglangRunner(RunnerLog):
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
         mode, rows = batch_requests(forward_batch)
         self.evidence.write_requests(getattr(forward_batch, NEW_REQUESTS_ATTR, ()))
+        if self.routing is not None:
+            self.routing.discard()  # calls of forwards no line of ours covers (a warm-up run of the model itself)
         window = StepWindow(_steps.take(self.debugger), requests=rows, forward_mode=mode)
         if self.own and self.debugger is not None and (self.dump_all or dispatch_log.phase(rows) == "prefill"):
             # The runner's current model: a weight reload from disk replaces the object.

@@ -184,7 +184,7 @@ def test_the_rollouts_rope_theta_override_is_configuration(rope_and_token: LoopR
     ]
     diagnosis = rope_and_token.diagnosis("others", leave_out=tuple(changed))
     assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("configuration", None, None)
-    checkpoint = json.loads((Path(rope_and_token.run.summary["model"]) / "config.json").read_text())
+    checkpoint = json.loads((Path(rope_and_token.summary["model"]) / "config.json").read_text())
     decided = [line for line in diagnosis["evidence"] if not line.startswith("not recorded")]
     assert decided == [f"rope_theta {ROPE_THETA} (rollout) vs {checkpoint['rope_parameters']['rope_theta']} (training)"]
     # The oracle: the rollout's log-probs are transformers' with the rollout's rope theta, training's with the

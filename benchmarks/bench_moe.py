@@ -200,7 +200,7 @@ def _sglang_record_cost() -> None:
     plain = _median(decodes) / DECODE_REPEAT
     with tempfile.TemporaryDirectory(prefix="bench-moe-sglang-") as folder:
         recorder = RoutingRecorder(folder)
-        bind_topk_modules(model, recorder, lambda what, work, *args: work(*args))
+        bind_topk_modules(model, recorder)
         hooked = _median(decodes) / DECODE_REPEAT
         rows = [ScheduledRequest("r", "r", True, RECORD_TOKENS, 0, RECORD_TOKENS, None)]
         lines = []

@@ -81,13 +81,13 @@ class RoutingRecorder:
 
 
 def recorder_for(
-    root: str, model: Any, guarded: Callable[..., Any], asked: bool, bind: Callable[..., int]
+    root: str, model: Any, asked: bool, bind: Callable[[Any, RoutingRecorder], int]
 ) -> RoutingRecorder | None:
-    """A recorder under ``root`` fed by every MoE router of ``model`` that ``bind`` (:func:`bind` or
+    """A recorder under ``root`` fed by every MoE router of ``model`` that ``bind`` (:func:`bind` with its guard, or
     :func:`bind_topk_modules`) hooks, or None when it finds none; ``asked``: by ``MSPROBE_HOOKS_ROUTING`` (a model
     without routers then says so), not only by a dump."""
     recorder = RoutingRecorder(root)
-    if bind(model, recorder, guarded):
+    if bind(model, recorder):
         logger().info("%d MoE routers recorded in %s", recorder.routers, ROUTED_EXPERTS_LOG)
         return recorder
     if asked:
@@ -128,12 +128,12 @@ def _choice_source(call: Any) -> Any:
     return call if ids is None else (getattr(call, "router_logits", None), ids)
 
 
-def bind_topk_modules(model: Any, recorder: RoutingRecorder, guarded: Callable[..., Any]) -> int:
+def bind_topk_modules(model: Any, recorder: RoutingRecorder) -> int:
     """Keep the output of every SGLang ``TopK`` module of ``model`` for ``recorder`` (a forward hook each, which
     returns nothing: the output goes on unchanged); the number of modules hooked. The hook runs in every forward
     once a dump is configured, dumped or not: it only appends the output to its layer's list (nothing there can
-    fail into the forward, so ``guarded`` is not needed; no tensor op runs inside msprobe's window), and the forward's
-    end reads or drops it."""
+    fail into the forward, so it needs no guard; no tensor op runs inside msprobe's window), and the forward's end
+    reads or drops it, guarded."""
     bound = 0
     for name, module in model.named_modules():
         if type(module).__name__ != SGLANG_TOPK:

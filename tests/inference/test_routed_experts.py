@@ -148,7 +148,7 @@ def test_sglangs_top_k_outputs_are_kept_unchanged_and_read_at_the_steps_end_with
     model.layers[0].topk = TopK()
     model.layers[1].topk = PackedTopK()
     recorder = RoutingRecorder(str(tmp_path))
-    assert bind_topk_modules(model, recorder, unguarded) == 2
+    assert bind_topk_modules(model, recorder) == 2
     logits = torch.tensor([[0.1, 2.0, 1.0, 0.5], [3.0, 0.0, 2.9, 1.0]])
     output = model.layers[0].topk(logits)
     assert output.topk_ids.tolist() == [[1, 2], [0, 2]]  # the hook returns nothing: the output is the module's

@@ -143,11 +143,9 @@ class SglangRunner(RunnerLog):
         self.rank_id = rank_id  # passed to start() (DP > 1), as SGLang's native switch does
         self.routing: routed_experts.RoutingRecorder | None = None  # the TopK modules' choices (an MoE model)
 
-    def bind_routing(self, model: Any, guarded: Any, asked: bool) -> None:
+    def bind_routing(self, model: Any, asked: bool) -> None:
         """Keep what every TopK module of the loaded ``model`` chooses (``asked``: by ``MSPROBE_HOOKS_ROUTING``)."""
-        self.routing = routed_experts.recorder_for(
-            self.log.root, model, guarded, asked, routed_experts.bind_topk_modules
-        )
+        self.routing = routed_experts.recorder_for(self.log.root, model, asked, routed_experts.bind_topk_modules)
 
     def begin(self, model: Any, forward_batch: Any) -> StepWindow:
         """Before the forward: its rows and step; start our debugger when this forward is to be dumped."""
@@ -303,7 +301,7 @@ def patch(module: ModuleType, ctx: PatchContext) -> None:
             ctx.guarded("recording the engine's numerics settings", evidence.describe_engine, state, instance)
             if state.debugger is not None or ctx.config.routing:
                 asked = ctx.config.routing
-                ctx.guarded("setting the MoE routers' capture", state.bind_routing, instance.model, ctx.guarded, asked)
+                ctx.guarded("setting the MoE routers' capture", state.bind_routing, instance.model, asked)
         return result
 
     ctx.wrap(cls, "__init__", init)

@@ -113,7 +113,9 @@ class VllmRunner(RunnerLog):
         """Feed every MoE router's capture hook of ``model`` into this runner's recorder (once); ``asked``: by
         ``MSPROBE_HOOKS_ROUTING`` (a model without routers then says so), not only by a dump driven."""
         self.routing_bound = True
-        self.routing = routed_experts.recorder_for(self.dump_root, model, guarded, asked, routed_experts.bind)
+        self.routing = routed_experts.recorder_for(
+            self.dump_root, model, asked, lambda found, recorder: routed_experts.bind(found, recorder, guarded)
+        )
 
     def end_routing(self) -> None:
         """The step is over: write what its routers chose (dumped steps only when a debugger runs)."""

@@ -111,9 +111,11 @@ def measure(name: str, layers: int, hidden: int) -> None:
     off_step_us = statistics.median(t for name, ts in times.items() if name.startswith("off") for t in ts)
     off_step_us *= 1e6 / steps_per_generation
     print(
-        f"  our CPU time per model step (in-process engine): {cpu['ours_us']:.1f} us, "
+        f"  our CPU time per model step (in-process engine): {cpu['ours_us']:.1f} us on the step, "
         f"{cpu['ours_us'] / cpu['rows_per_step']:.2f} us a row ({cpu['steps']} steps, {cpu['rows_per_step']:.1f} rows "
         f"a step); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
+        f"off the step, in our writer thread: {cpu['writer_us']:.1f} us a step "
+        f"({cpu['writer_us'] / cpu['rows_per_step']:.2f} us a row); "
         f"in-process step: {cpu['step_wall_us']:.0f} us wall, {cpu['step_us']:.0f} us CPU on the model's thread"
     )
 

@@ -2,7 +2,8 @@
 
 What the patches add to one ``ModelRunner.forward`` when only the dispatch log is on: the
 request identities taken in ``ForwardBatch.init_new`` (prompt hash once per request, a lookup
-after) and the row building plus one JSON line written in ``forward``. Batches are
+after) and the row building in ``forward``, whose line the writer thread builds and writes off the
+forward (``bench_real_vllm`` times that thread in a real engine). Batches are
 ForwardBatch-shaped objects, so SGLang is not needed; numbers are CPU microseconds per forward,
 and both together per request row (the figure that scales with the batch: target <= 1 us on a
 decode step).
@@ -19,7 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from msprobe_hooks.jsonl import JsonlLog
+from msprobe_hooks.inference import dispatch_log
+from msprobe_hooks.jsonl import flush
 from msprobe_hooks.patches.sglang import model_runner as sglang_model_runner
 from msprobe_hooks.patches.sglang.forward_batch import REQUESTS_ATTR, identities
 
@@ -64,7 +66,7 @@ def main() -> None:
 
 def _table(root: str) -> None:
     runner = sglang_model_runner.SglangRunner(
-        None, own=False, dump_all=False, rank_id=0, engine_version="0.5.2", log=JsonlLog(root, "dispatch_log.jsonl")
+        None, own=False, dump_all=False, rank_id=0, engine_version="0.5.2", log=dispatch_log.open_log(root)
     )
     print(f"{'batch':>28} {'init_new us':>12} {'forward us':>11} {'us/row':>7} {'line bytes':>11}")
     for label, count, prompt_len, prefill in [
@@ -81,6 +83,7 @@ def _table(root: str) -> None:
             reqs = _reqs(count, prompt_len)
             identities(reqs)
             ident, log = _per_forward_us(runner, reqs, False, prompt_len, 200)
+        flush()  # the lines still waiting for the writer thread
         with open(runner.log.path, "rb") as handle:
             line = handle.read().splitlines()[-1]
         print(f"{label:>28} {ident:12.1f} {log:11.1f} {(ident + log) / count:7.2f} {len(line):11d}")

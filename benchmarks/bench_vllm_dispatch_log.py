@@ -3,8 +3,9 @@
 Drives the stand-in V1 runner's ``_update_states`` (tests/standins/vllm_site) with decode steps of N running
 requests whose prompts are 1024 tokens, with the ``vllm.model_runner`` patch applied and after it is
 reverted, and prints medians: microseconds per step, per request row (target <= 1 us), and the
-ratio. A request's id, prompt hash and their JSON are made once (its first step), so a decode step
-pays for the counters of each row and one JSON line. Absolute times are of this machine; the
+ratio. A request's id and prompt hash are read once (its first step), so a decode step pays for
+reading the batch's columns and handing them to the writer thread, which builds and writes the
+line off the step (``bench_real_vllm`` times that thread too). Absolute times are of this machine; the
 stand-in's own ``_update_states`` is much lighter than vLLM's, so the ratio overstates the share of
 a real step (a real decode step of 64 requests takes milliseconds on a GPU).
 

@@ -77,16 +77,17 @@ def strip_vllm_suffix(request_id: str) -> str:
 _last_timestamp = (-1, "")  # (epoch second, its text): every dispatch-log line asks, many per second
 
 
-def clock() -> float:
-    """Seconds since the epoch, to the microsecond: the ``time`` field of every log line (the published
-    ``timestamp`` has whole seconds only, too coarse to order a rollout against the training step after it)."""
-    return round(time.time(), 6)
+def clock(at: float | None = None) -> float:
+    """Seconds since the epoch (``at``, else now), to the microsecond: the ``time`` field of every log line (the
+    published ``timestamp`` has whole seconds only, too coarse to order a rollout against the training step
+    after it)."""
+    return round(time.time() if at is None else at, 6)
 
 
-def timestamp() -> str:
-    """Local time, second resolution, as in the published recipe's logs."""
+def timestamp(at: float | None = None) -> str:
+    """Local time (of ``at``, else now), second resolution, as in the published recipe's logs."""
     global _last_timestamp
-    second = int(time.time())
+    second = int(time.time() if at is None else at)
     if _last_timestamp[0] != second:  # one tuple assigned at once: safe across threads
         _last_timestamp = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(second)))
     return _last_timestamp[1]

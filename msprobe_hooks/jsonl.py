@@ -3,7 +3,12 @@
 Each record is written with one ``os.write`` of a whole line to a file opened ``O_APPEND``, so
 a process killed at any moment leaves complete lines, but for the record it was writing: a SIGKILL
 can cut a write that crosses a page, leaving that one record unterminated at the end of the file,
-where readers skip it (tests/faults measures it). A write that the disk cuts short is taken back;
+where readers skip it (tests/faults measures it). A log written at every engine step (the dispatch
+log) hands its lines to this process's writer thread instead (:meth:`JsonlLog.write_later`): the step pays a
+queue append, the thread builds and writes the line (whole lines, one ``os.write`` for all that wait) while
+the step runs on, and a line still waiting when the next one comes is written by the caller first, so a kill
+still loses at most the line of the step it cuts. :func:`flush` (also run at exit) writes what waits at
+once. A write that the disk cuts short is taken back;
 a file removed under the writer is made anew (by the next write, or, for the per-step dispatch log,
 the first write a second after the last look). Files live under ``{root}/{pid}/``: no two processes
 ever write the same file, and a forked child that inherits a log reopens it under its own pid on
@@ -20,8 +25,11 @@ line there is an edit gone wrong, and a pair dropped unseen would leave a report
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,8 +39,9 @@ _pid = os.getpid()  # this process's id: asking the kernel at every line costs a
 
 
 def _forked() -> None:
-    global _pid
+    global _pid, _writer
     _pid = os.getpid()
+    _writer = _Writer()  # the parent's thread is not in the child, nor are its lines the child's
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -52,9 +61,10 @@ def encode(value: object) -> str:
 class JsonlLog:
     """``{root}/{pid}/{filename}``, appended one complete line per :meth:`write`."""
 
-    def __init__(self, root: str, filename: str, removal_check_s: float = 0.0) -> None:
+    def __init__(self, root: str, filename: str, removal_check_s: float = 0.0, deferred: bool = False) -> None:
         self.root = root
         self.filename = filename
+        self.deferred = deferred  # every line goes through the writer thread (:meth:`write_later`)
         # How often a write looks whether the file was removed (an fstat): 0, at every write; a log written
         # at every model step looks once a second (lines of that second after a removal are lost with it).
         self.removal_check_s = removal_check_s
@@ -97,21 +107,120 @@ class JsonlLog:
 
     def write_line(self, line: str) -> None:
         """Append ``line``, one JSON record already encoded (no newline), as one whole line."""
-        data = (line + "\n").encode()
+        if self.deferred:
+            self.write_later(str, (line,))
+            return
         with self._lock:
-            fd = self._open()
-            written = os.write(fd, data)
-            if written == len(data):
-                return
-            # A short write (a full disk): finish the line, or cut the part written off again, so the
-            # file holds complete lines only. Only this process appends to this file.
-            end = os.fstat(fd).st_size
-            try:
-                while written < len(data):
-                    written += os.write(fd, data[written:])
-            except OSError:
-                os.ftruncate(fd, end - written)
-                raise
+            self._append((line + "\n").encode())
+
+    def write_later(self, build: Callable[..., str], args: tuple[Any, ...]) -> None:
+        """Append the line ``build(*args)`` from this process's writer thread (started on first use).
+
+        For a log written at every engine step: the caller pays a queue append and a wake-up, not the line's
+        encoding and its ``os.write`` (whose file-time update through the journal alone cost 25-55 us a step).
+        The thread writes while the step runs on; should an earlier line still wait when the next one comes, the
+        caller writes it first, so that once a line is handed over every earlier one is on disk, and a kill
+        loses at most the line of the step it cuts. ``args`` must not change once handed over. The lines of a
+        log keep their order.
+        """
+        writer = _writer
+        if writer.thread is None:
+            writer.start()
+        elif writer.waiting or writer.lock.locked():
+            writer.drain()  # an earlier line is not on disk yet (the thread lags): written now, as before
+        with writer.guard:
+            ring = not writer.waiting  # the first line since the writer took the last ones wakes it
+            writer.waiting.append((self, build, args))
+        if writer.thread is None:  # no thread could start (the interpreter is shutting down): written now
+            writer.drain()
+        elif ring:
+            writer.doorbell.put(None)
+
+    def _append(self, data: bytes) -> None:
+        """Append ``data``, whole lines, with one ``os.write`` (the caller holds this log's lock or the writer's)."""
+        fd = self._open()
+        written = os.write(fd, data)
+        if written == len(data):
+            return
+        # A short write (a full disk): finish the lines, or cut the part written off again, so the
+        # file holds complete lines only. Only this process appends to this file.
+        end = os.fstat(fd).st_size
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError:
+            os.ftruncate(fd, end - written)
+            raise
+
+
+class _Writer:
+    """This process's writer thread and the lines waiting for it, in the order they were handed over."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[JsonlLog, Callable[..., str], tuple[Any, ...]]] = []
+        self.guard = threading.Lock()  # over ``waiting``: whether a line is the first since the last take
+        self.doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by the first line after a take
+        # Held while lines are taken and written: whoever holds it writes all that wait, so order is kept.
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.starting = threading.Lock()
+        self.failures: set[str] = set()  # each cause of a lost line is logged once
+
+    def start(self) -> None:
+        """Start the thread, once (two threads of the host may hand their first lines over at once)."""
+        with self.starting:
+            if self.thread is None:
+                thread = threading.Thread(target=self._run, name="msprobe_hooks-log-writer", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # at interpreter shutdown: the caller writes
+                    return
+                self.thread = thread
+                # Also before a multiprocessing child's exit, which skips atexit (os._exit) but not this.
+                with contextlib.suppress(AttributeError, RuntimeError):
+                    threading._register_atexit(flush)  # type: ignore[attr-defined]
+
+    def _run(self) -> None:
+        while True:
+            self.doorbell.get()
+            self.drain()
+
+    def drain(self) -> None:
+        """Build and write every line waiting: one ``os.write`` per file."""
+        with self.lock:
+            with self.guard:
+                taken, self.waiting = self.waiting, []
+            lines: dict[int, tuple[JsonlLog, list[str]]] = {}
+            for log, build, args in taken:
+                try:
+                    line = build(*args)
+                except Exception as exc:  # a bug of ours: the host goes on, the line is lost and said
+                    self._lost(f"a line of {log.filename} could not be built ({type(exc).__name__}: {exc})")
+                    continue
+                lines.setdefault(id(log), (log, []))[1].append(line)
+            for log, built in lines.values():
+                try:
+                    log._append(("\n".join(built) + "\n").encode())
+                except OSError as exc:
+                    self._lost(f"lines of {log.path} could not be written ({exc})")
+
+    def _lost(self, what: str) -> None:
+        if what not in self.failures:
+            self.failures.add(what)
+            from msprobe_hooks.log import logger
+
+            logger().warning("%s; the job goes on", what)
+
+
+_writer = _Writer()
+
+
+def flush() -> None:
+    """Write every line handed to :meth:`JsonlLog.write_later` and not yet written, now (also run at exit)."""
+    _writer.drain()
+
+
+atexit.register(flush)
 
 
 class BadLine:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from msprobe_hooks import debugger as debugger_module
@@ -29,7 +31,7 @@ from msprobe_hooks.join_keys import (
     prompt_hash,
     timestamp,
 )
-from msprobe_hooks.jsonl import JsonlLog, current_pid, encode
+from msprobe_hooks.jsonl import JsonlLog, current_pid, encode, flush
 
 
 class ScheduledRequest(NamedTuple):
@@ -62,6 +64,43 @@ class ScheduledRequest(NamedTuple):
 make_scheduled_request: Callable[[tuple[Any, ...]], ScheduledRequest] = functools.partial(
     tuple.__new__, ScheduledRequest
 )
+
+
+class RunningRows(Sequence[ScheduledRequest]):
+    """The rows of a step whose requests were all scheduled before (none new), kept as the columns the engine
+    holds them in; the rows are made when first read. On a step that dumps nothing only the dispatch log's
+    writer thread reads them, so the step itself makes no row."""
+
+    __slots__ = ("_columns", "_rows")
+
+    def __init__(
+        self,
+        request_ids: Sequence[str],
+        bases: Sequence[str | None],
+        tokens: Sequence[int],
+        computed_tokens: Sequence[int],
+        prompt_lens: Sequence[int],
+        prompt_hashes: Sequence[str | None],
+    ) -> None:
+        self._columns = request_ids, bases, tokens, computed_tokens, prompt_lens, prompt_hashes
+        self._rows: list[ScheduledRequest] | None = None
+
+    def _made(self) -> list[ScheduledRequest]:
+        rows = self._rows
+        if rows is None:  # two threads may make them at once: the same rows either way
+            ids, bases, tokens, computed, prompt_lens, hashes = self._columns
+            columns = ids, bases, repeat(False), tokens, computed, prompt_lens, hashes, repeat(False)
+            rows = self._rows = list(map(make_scheduled_request, zip(*columns, strict=False)))  # repeat(): endless
+        return rows
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._made()[index]
+
+    def __iter__(self) -> Iterator[ScheduledRequest]:
+        return iter(self._made())
 
 
 def _phase(prefill_rows: int) -> str:
@@ -113,6 +152,20 @@ def step_line(
     ``requests`` rows carry their token ``offset`` in the packed batch. ``forward_mode`` is the
     engine's own name for the step (SGLang's ForwardMode), when it has one.
     """
+    return _line(engine, engine_version, rank, step, dumped, requests, forward_mode, time.time())
+
+
+def _line(
+    engine: str,
+    engine_version: str | None,
+    rank: int | None,
+    step: int,
+    dumped: bool,
+    requests: Sequence[ScheduledRequest],
+    forward_mode: str | None,
+    at: float,
+) -> str:
+    """:func:`step_line` of a step at ``at`` (seconds since the epoch): the writer thread builds it later."""
     if len(_row_json) > 2 * len(requests) + 4096:
         _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
     rows: list[str] = []
@@ -142,11 +195,11 @@ def step_line(
         prefill_rows += prefill
     mode = "" if forward_mode is None else f',"forward_mode":{encode(forward_mode)}'
     return (
-        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp()}","pid":{current_pid()},'
+        f'{_line_head(engine, engine_version)}"timestamp":"{timestamp(at)}","pid":{current_pid()},'
         f'"rank":{_scalar_json(rank)},"step":{_scalar_json(step)},"dumped":{_scalar_json(dumped)},'
         f'"phase":"{_phase(prefill_rows)}"{mode},"total_num_scheduled_tokens":{offset},'
         f'"num_requests":{len(requests)},"prefill_requests":{prefill_rows},"requests":[{",".join(rows)}],'
-        f'{_HASH_VERSION}"time":{clock()}}}'  # ours, after the published fields
+        f'{_HASH_VERSION}"time":{clock(at)}}}'  # ours, after the published fields
     )
 
 
@@ -167,10 +220,10 @@ def _scalar_json(value: Any) -> str:
 def open_log(root: str) -> JsonlLog:
     """The dispatch log of this process under the generate dump root ``root``.
 
-    Written at every model step: it looks whether its file was removed once a second, not at every line
-    (an fstat a line cost 10-15 us of a real worker's step).
+    Written at every model step: its lines are built and written by the writer thread, off the step, which
+    looks whether the file was removed once a second, not at every line (an fstat a line cost 10-15 us).
     """
-    return JsonlLog(root, DISPATCH_LOG, removal_check_s=1.0)
+    return JsonlLog(root, DISPATCH_LOG, removal_check_s=1.0, deferred=True)
 
 
 def distributed_ready() -> bool:
@@ -192,7 +245,7 @@ class StepWindow:
     step: int = 0
     started: bool = False  # msprobe's start() ran for this step
     dumped: bool = False
-    requests: list[ScheduledRequest] | None = None  # known once the runner's batch is
+    requests: Sequence[ScheduledRequest] | None = None  # known once the runner's batch is
     forward_mode: str | None = None  # SGLang's ForwardMode name (its lines carry it)
 
 
@@ -275,14 +328,8 @@ class RunnerLog:
                 rank = current_rank()
                 if distributed_ready():  # a worker's rank does not change once its group exists
                     self.rank = rank
-        self.log.write_line(
-            step_line(
-                engine=self.engine,
-                engine_version=self.engine_version,
-                rank=rank,
-                step=step,
-                dumped=dumped,
-                requests=requests,
-                forward_mode=forward_mode,
-            )
-        )
+        # The line is built off the step, from the rows as they are now (each step's list is a new one).
+        args = (self.engine, self.engine_version, rank, step, dumped, requests, forward_mode, time.time())
+        self.log.write_later(_line, args)
+        if dumped:  # the line that ties msprobe's dump to its requests: on disk before the forward runs
+            flush()

@@ -38,7 +38,7 @@ class EvidenceLogs:
     def __init__(self, root: str) -> None:
         self.root = root
         self.engine = JsonlLog(root, ENGINE_LOG)
-        self.requests = JsonlLog(root, REQUESTS_LOG)
+        self.requests = JsonlLog(root, REQUESTS_LOG, deferred=True)  # written in steps: by the writer thread
 
     def write_engine(self, record: Mapping[str, Any]) -> None:
         self.engine.write(dict(record))
@@ -47,6 +47,15 @@ class EvidenceLogs:
         """The lines of a step's new requests (:func:`request_line`), in one write."""
         if lines:
             self.requests.write_line("\n".join(lines))
+
+    def write_requests_later(self, requests: Sequence[tuple[Any, ...]]) -> None:
+        """A step's new requests, each :func:`request_line`'s arguments with its ``time``: encoded off the step."""
+        if requests:
+            self.requests.write_later(_request_lines, (requests,))
+
+
+def _request_lines(requests: Sequence[tuple[Any, ...]]) -> str:
+    return "\n".join(request_line(*arguments) for arguments in requests)
 
 
 def write_engine_line(
@@ -93,15 +102,16 @@ def request_line(
     base: str | None,
     sampling: Mapping[str, Any] | None,
     prompt_token_ids: Iterable[int] | None,
+    time: float | None = None,
 ) -> str:
     """One ``requests.jsonl`` line, encoded: ``prompt_token_ids`` are the ids the engine was fed (None: a prompt
-    given otherwise, as embeddings)."""
+    given otherwise, as embeddings); ``time``: when the engine first scheduled it (None: now)."""
     ids = prompt_token_ids if prompt_token_ids is None or isinstance(prompt_token_ids, list) else list(prompt_token_ids)
     return encode(
         {
             "request_id": request_id,
             "base": base,
-            "time": clock(),
+            "time": clock() if time is None else time,
             "sampling": None if sampling is None else dict(sampling),
             "prompt_len": None if ids is None else len(ids),
             "prompt_token_ids": ids,

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from support.interpreter import run_python, shim_env
 
 from . import fault_matrix as fm
@@ -21,10 +22,10 @@ from .verl_faults import tmpfs
 WRITER = """
 import json, os, sys
 import msprobe_hooks
-from msprobe_hooks.jsonl import JsonlLog
+from msprobe_hooks.jsonl import JsonlLog, flush
 
 assert msprobe_hooks.current_config() is not None, "not active"
-log = JsonlLog(sys.argv[1], "faults.jsonl")
+log = JsonlLog(sys.argv[1], "faults.jsonl", deferred=sys.argv[2] == "deferred")
 
 def write(count, who, size=200):
     for n in range(count):
@@ -42,9 +43,14 @@ def _env(tmp: Path) -> dict[str, str]:
     return shim_env(DUMP_ON="1", MSPROBE_HOOKS_OUTPUT_DIR=str(tmp / "out"))
 
 
-def _run(script: Path, root: Path, tmp: Path):
-    """``script ROOT`` as ``__main__`` in a fresh interpreter under the shim (spawned children re-import it)."""
-    code = f"import runpy, sys; sys.argv = ['w', {str(root)!r}]; runpy.run_path({str(script)!r}, run_name='__main__')"
+# A log written at once, and one whose lines the writer thread writes (the dispatch log's).
+WRITES = ["direct", "deferred"]
+
+
+def _run(script: Path, root: Path, tmp: Path, writes: str):
+    """``script ROOT WRITES`` as ``__main__`` in a fresh interpreter under the shim (spawned children re-import it)."""
+    argv = ["w", str(root), writes]
+    code = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
     return run_python(code, _env(tmp))
 
 
@@ -54,7 +60,8 @@ def _lines(root: Path) -> dict[str, list[dict]]:
     return {p.parent.name: [json.loads(x) for x in p.read_text().splitlines()] for p in root.glob("*/faults.jsonl")}
 
 
-def test_fork_spawn_and_forkserver_children_write_their_own_files(tmp_path):
+@pytest.mark.parametrize("writes", WRITES)
+def test_fork_spawn_and_forkserver_children_write_their_own_files(tmp_path, writes):
     body = """
     import multiprocessing
 
@@ -74,10 +81,10 @@ def test_fork_spawn_and_forkserver_children_write_their_own_files(tmp_path):
     root = tmp_path / "logs"
     with fm.cell("fork, spawn and forkserver children", fm.LOGS) as tally:
         script = _script(tmp_path, body)
-        result = _run(script, root, tmp_path)
+        result = _run(script, root, tmp_path, writes)
         tally.runs += 1
         assert result.returncode == 0, result.stderr[-3000:]
-        files = _lines(root)
+        files = _lines(root)  # a deferred child's lines too: written before its exit, os._exit of a fork too
         assert sorted(len(lines) for lines in files.values()) == [1, 3, 3, 3]
         for pid, lines in files.items():
             assert {line["pid"] for line in lines} == {int(pid)} and len({line["who"] for line in lines}) == 1
@@ -86,9 +93,11 @@ def test_fork_spawn_and_forkserver_children_write_their_own_files(tmp_path):
         fm.check_logs(root, tally)
 
 
-def test_sigkill_mid_write_leaves_complete_lines(tmp_path):
+@pytest.mark.parametrize("writes", WRITES)
+def test_sigkill_mid_write_leaves_complete_lines(tmp_path, writes):
     body = """
     write(20, "victim", size=20000)
+    flush()  # the 20 lines are on disk (a deferred log's are too, now)
     print("ready", flush=True)
     while True:
         write(1, "victim", size=20000)
@@ -98,7 +107,7 @@ def test_sigkill_mid_write_leaves_complete_lines(tmp_path):
         for attempt in range(5):
             root = tmp_path / f"logs{attempt}"
             proc = subprocess.Popen(
-                [sys.executable, str(script), str(root)], env=_env(tmp_path), stdout=subprocess.PIPE, text=True
+                [sys.executable, str(script), str(root), writes], env=_env(tmp_path), stdout=subprocess.PIPE, text=True
             )
             assert proc.stdout.readline().strip() == "ready"
             proc.send_signal(signal.SIGKILL)  # while it writes: lines of 20 kB, one after another
@@ -154,10 +163,29 @@ def test_a_full_disk_mid_line_leaves_complete_lines(tmp_path):
     """
     with tmpfs(tmp_path / "full", "64k") as mount, fm.cell("disk full (tmpfs)", fm.LOGS) as tally:
         script = _script(tmp_path, body)
-        result = _run(script, mount, tmp_path)
+        result = _run(script, mount, tmp_path, "direct")
         tally.runs += 1
         assert result.returncode == 0, result.stderr[-3000:]
         import errno
 
         assert result.json() == {"errno": errno.ENOSPC}  # the writer's caller is told (and reports it)
         assert 10 <= fm.check_logs(mount, tally) < 1000  # the line the disk cut short was taken back
+
+
+def test_a_full_disk_under_the_writer_thread_leaves_complete_lines_and_says_so_once(tmp_path):
+    body = """
+    for n in range(1000):
+        write(1, "filler", size=3000)
+        if n % 5 == 4:
+            flush()  # writes of 5 lines, the last one cut by the disk
+    print(json.dumps({"host": "went on"}))
+    """
+    with tmpfs(tmp_path / "full", "64k") as mount, fm.cell("disk full (tmpfs)", fm.LOGS) as tally:
+        script = _script(tmp_path, body)
+        result = _run(script, mount, tmp_path, "deferred")
+        tally.runs += 1
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.json() == {"host": "went on"}  # the step that handed the lines over is not told
+        assert 10 <= fm.check_logs(mount, tally) < 1000  # the part the disk cut short was taken back
+        (said,) = fm.our_lines(result.stderr, "could not be written")  # once, not at every lost write
+        assert "faults.jsonl" in said and "No space left on device" in said, said

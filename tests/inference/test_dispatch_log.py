@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 
+import pytest
 from support.dispatch_lines import step_record
 
+from msprobe_hooks import jsonl
 from msprobe_hooks.inference import dispatch_log
 from msprobe_hooks.inference.dispatch_log import (
     PromptHashes,
+    RunnerLog,
     ScheduledRequest,
     StepCounter,
     current_rank,
@@ -176,7 +181,48 @@ def test_record_fields_offsets_and_totals():
 def test_log_file_is_per_process_under_the_root(tmp_path):
     log = open_log(str(tmp_path))
     log.write({"step": 0})
+    jsonl.flush()
     assert (tmp_path / str(os.getpid()) / DISPATCH_LOG).read_text() == '{"step":0}\n'
+
+
+@pytest.fixture
+def idle_writer(monkeypatch) -> jsonl._Writer:
+    """A writer whose thread never runs: what is on disk is what the steps themselves wrote."""
+    idle = jsonl._Writer()
+    idle.thread = threading.current_thread()  # "started": no thread of its own is started
+    monkeypatch.setattr(jsonl, "_writer", idle)
+    return idle
+
+
+def test_a_step_hands_its_line_over_and_finds_every_earlier_one_on_disk(tmp_path, idle_writer):
+    runner = RunnerLog("vllm", "0.32.0", open_log(str(tmp_path)))
+    path = tmp_path / str(os.getpid()) / DISPATCH_LOG
+    rows = [make_scheduled_request(("a", "a", False, 1, 5, 4, "h", False))]
+
+    def on_disk() -> list[int]:
+        return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+    for step in range(5):
+        runner.write(step, False, rows, rank=0)
+        assert on_disk() == list(range(step))  # its own line handed over; each earlier one written (by the step)
+    runner.write(5, True, rows, rank=0)  # a dumped step's line: on disk before its forward
+    assert on_disk() == list(range(6))
+    line = json.loads(path.read_text().splitlines()[0])
+    assert line["requests"][0]["computed_tokens"] == 5 and line["rank"] == 0 and not idle_writer.waiting
+
+
+def test_a_line_that_cannot_be_built_is_said_once_and_the_others_are_written(tmp_path, idle_writer, hook_warnings):
+    log = open_log(str(tmp_path))
+
+    def broken(value: int) -> str:
+        raise ValueError(f"bad {value % 2}")
+
+    log.write_later(broken, (2,))
+    log.write_later(str, ('{"step":1}',))
+    log.write_later(broken, (4,))
+    jsonl.flush()
+    assert (tmp_path / str(os.getpid()) / DISPATCH_LOG).read_text() == '{"step":1}\n'
+    assert hook_warnings() == [f"a line of {DISPATCH_LOG} could not be built (ValueError: bad 0); the job goes on"]
 
 
 def test_rank_is_zero_without_torch_distributed():

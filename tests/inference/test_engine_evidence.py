@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from msprobe_hooks import jsonl
 from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint, dtype_name
 from msprobe_hooks.patches.vllm.evidence import describe_engine
@@ -110,6 +111,7 @@ def make_state(runner: SimpleNamespace, root) -> VllmRunner:
 
 
 def read(root, pid_folder: str, name: str) -> list[dict]:
+    jsonl.flush()  # the dispatch log's lines, handed to the writer thread
     path = root / pid_folder / name
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

@@ -21,7 +21,7 @@ from support import golden
 from torch import nn
 
 from msprobe_hooks import config as config_module
-from msprobe_hooks import numerics, patching
+from msprobe_hooks import jsonl, numerics, patching
 from msprobe_hooks.analysis.answer.evidence import TEMPERATURE
 from msprobe_hooks.analysis.results import Cause, DiagnosisPath
 from msprobe_hooks.analysis.run import CompareOptions, compare_file
@@ -171,6 +171,7 @@ def req(rid: str, prompt: list[int], *, logprobs: int | None = 0, **sampling: ob
 
 
 def read(root: Path, name: str) -> list[dict]:
+    jsonl.flush()  # requests.jsonl's lines, handed to the writer thread
     (folder,) = [p for p in (root / "generate").iterdir() if p.is_dir()]
     path = folder / name
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -308,6 +309,7 @@ def test_the_records_are_read_back_by_compare(tmp_path, sampler):
     written = tmp_path / "written"
     engine = Engine(written, Model(fp32_lm_head=False), server_args(), sglang_config(dtype=torch.float32))
     engine.step([req(key, ids, temperature=0.8, top_p=0.9) for key, ids in golden.PROMPTS.items()])
+    jsonl.flush()
     for name in (ENGINE_LOG, REQUESTS_LOG):  # into the golden engine's process folder
         (folder,) = [p for p in (written / "generate").iterdir() if p.is_dir()]
         shutil.copy(folder / name, generate_process / name)

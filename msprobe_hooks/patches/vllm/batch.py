@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from msprobe_hooks.inference.dispatch_log import ScheduledRequest, make_scheduled_request
+from msprobe_hooks.inference.dispatch_log import RunningRows, ScheduledRequest, make_scheduled_request
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
 
-def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> list[ScheduledRequest]:
+def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> Sequence[ScheduledRequest]:
     """The step's requests in packed order: ``input_batch`` rows as ``_update_states`` left them."""
     batch = runner.input_batch
     request_ids = batch.req_ids
     rows = len(request_ids)
     computed = batch.num_computed_tokens_cpu[:rows].tolist()  # one conversion, not one per row
-    prompt_lens = batch.num_prompt_tokens[:rows].tolist()
-    new_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs}
     tokens = scheduler_output.num_scheduled_tokens
+    # _update_states drops the rows not scheduled: as many scheduled as rows is every row scheduled
+    if rows and not scheduler_output.scheduled_new_reqs and len(tokens) == rows:
+        running = _running_rows(batch, request_ids, computed, tokens, state)
+        if running is not None:
+            return running
+    state.last_batch = None
+    prompt_lens = batch.num_prompt_tokens[:rows].tolist()
     known = state.known
+    new_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs}
     requests = []
     for request_id, done, prompt_len in zip(request_ids, computed, prompt_lens, strict=True):
         scheduled = tokens.get(request_id)
@@ -35,6 +42,25 @@ def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) ->
         state.known = {k: v for k, v in known.items() if k in runner.requests}
     state.prompts.retain(runner.requests)
     return requests
+
+
+def _running_rows(
+    batch: Any, request_ids: list[str], computed: list[int], tokens: dict[str, int], state: VllmRunner
+) -> RunningRows | None:
+    """Every row scheduled, none new (decode steps, mostly): the rows as columns, read in C, not row by row. What does
+    not change while the batch holds the same requests in the same order comes from the last step."""
+    last = state.last_batch
+    if last is None or last[0] != request_ids:
+        try:
+            found_bases, found_hashes = zip(*map(state.known.__getitem__, request_ids), strict=True)
+        except KeyError:  # a row this runner never saw new (set up mid-run): row by row
+            return None
+        prompt_lens = batch.num_prompt_tokens[: len(request_ids)].tolist()
+        last = state.last_batch = (list(request_ids), found_bases, prompt_lens, found_hashes)  # the engine's changes
+    ids, bases, prompt_lens, hashes = last
+    rows = len(ids)
+    counts = [1] * rows if sum(tokens.values()) == rows else list(map(tokens.__getitem__, ids))
+    return RunningRows(ids, bases, counts, computed, prompt_lens, hashes)
 
 
 def not_eager(runner: Any) -> str | None:

@@ -17,11 +17,11 @@ from typing import Any
 from msprobe_hooks.inference.dispatch_log import current_rank
 from msprobe_hooks.inference.evidence import (
     kv_cache_dtype_name,
-    request_line,
     sampling_values,
     setting_text,
     write_engine_line,
 )
+from msprobe_hooks.join_keys import clock
 from msprobe_hooks.numerics import dtype_name
 from msprobe_hooks.patches.vllm.batch import not_eager
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
@@ -47,11 +47,12 @@ def describe_engine(state: VllmRunner, runner: Any) -> None:
 def record_requests(state: VllmRunner, new_requests: Sequence[Any]) -> None:
     """One ``requests.jsonl`` line per request the scheduler sends for the first time (``NewRequestData``; a
     request resumed after a preemption comes among the cached ones, and is not written again)."""
-    lines = [
-        request_line(new.req_id, state.client_id(new.req_id), sampling(new.sampling_params), new.prompt_token_ids)
+    now = clock()
+    requests = [
+        (new.req_id, state.client_id(new.req_id), sampling(new.sampling_params), new.prompt_token_ids, now)
         for new in new_requests
-    ]
-    state.evidence_logs().write_requests(lines)
+    ]  # the engine's prompt lists, which it does not change: encoded off the step
+    state.evidence_logs().write_requests_later(requests)
 
 
 def settings(runner: Any, model: Any) -> dict[str, Callable[[], Any]]:

@@ -64,6 +64,8 @@ class VllmRunner(RunnerLog):
         self.strips_suffix = randomizes_request_ids(module_version("vllm"))
         self.prompts = PromptHashes()
         self.known: dict[str, tuple[str, str | None]] = {}  # request id -> (the id the client sent, prompt hash)
+        # The last step's request ids (in batch order), with their bases, prompt lengths and hashes, when none was new
+        self.last_batch: tuple[list[str], Sequence[str], list[int], Sequence[str | None]] | None = None
         self.counter = StepCounter()
         self.dump_root = cfg.generate_dump_root
         self.debugger: Any = None  # the msprobe debugger whose steps the lines follow
@@ -138,7 +140,7 @@ class VllmRunner(RunnerLog):
         self.dump_root = dump_root
         self.log = open_log(dump_root)
 
-    def on_batch(self, requests: list[ScheduledRequest]) -> None:
+    def on_batch(self, requests: Sequence[ScheduledRequest]) -> None:
         """The requests of a model step, in packed order (after ``_update_states``)."""
         if self.debugger is None:  # no msprobe: nothing to wait for
             self.write(self.counter.take(), False, requests)
@@ -198,7 +200,7 @@ class VllmRunner(RunnerLog):
             logger().error("no msprobe dumps in this vLLM worker: %s", exc)
             self.drive_config = None
 
-    def start(self, runner: Any, requests: list[ScheduledRequest]) -> None:
+    def start(self, runner: Any, requests: Sequence[ScheduledRequest]) -> None:
         if self.in_step:  # the last step never reached sample_tokens()
             self.finish()
         # Packed order, so that msprobe's request_id slicing cuts the right rows; keyed by the id

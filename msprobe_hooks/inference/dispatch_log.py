@@ -138,7 +138,6 @@ def _encode_row_constants(key: _RowKey) -> tuple[str, str, str, str]:
 
 
 def step_line(
-    *,
     engine: str,
     engine_version: str | None,
     rank: int | None,
@@ -146,26 +145,16 @@ def step_line(
     dumped: bool,
     requests: Sequence[ScheduledRequest],
     forward_mode: str | None = None,
+    at: float | None = None,
 ) -> str:
     """One dispatch-log line, JSON-encoded (published recipe fields first, then what alignment needs).
 
     ``requests`` rows carry their token ``offset`` in the packed batch. ``forward_mode`` is the
-    engine's own name for the step (SGLang's ForwardMode), when it has one.
+    engine's own name for the step (SGLang's ForwardMode), when it has one. ``at``: when the step ran
+    (seconds since the epoch; None: now), for a line the writer thread builds later.
     """
-    return _line(engine, engine_version, rank, step, dumped, requests, forward_mode, time.time())
-
-
-def _line(
-    engine: str,
-    engine_version: str | None,
-    rank: int | None,
-    step: int,
-    dumped: bool,
-    requests: Sequence[ScheduledRequest],
-    forward_mode: str | None,
-    at: float,
-) -> str:
-    """:func:`step_line` of a step at ``at`` (seconds since the epoch): the writer thread builds it later."""
+    if at is None:
+        at = time.time()
     if len(_row_json) > 2 * len(requests) + 4096:
         _row_json.clear()  # mostly finished requests by now; the running ones are encoded again once
     rows: list[str] = []
@@ -330,6 +319,6 @@ class RunnerLog:
                     self.rank = rank
         # The line is built off the step, from the rows as they are now (each step's list is a new one).
         args = (self.engine, self.engine_version, rank, step, dumped, requests, forward_mode, time.time())
-        self.log.write_later(_line, args)
+        self.log.write_later(step_line, args)
         if dumped:  # the line that ties msprobe's dump to its requests: on disk before the forward runs
             flush()

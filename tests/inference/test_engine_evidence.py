@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from msprobe_hooks import jsonl
-from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG
+from msprobe_hooks.inference.dispatch_log import ScheduledRequest
+from msprobe_hooks.join_keys import ENGINE_LOG, REQUESTS_LOG, prompt_hash
 from msprobe_hooks.numerics import NUMERICS_KEYS, config_fields, config_fingerprint, dtype_name
+from msprobe_hooks.patches.vllm.batch import scheduled_requests
 from msprobe_hooks.patches.vllm.evidence import describe_engine
 from msprobe_hooks.patches.vllm.model_runner import _record_step
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
@@ -300,3 +302,34 @@ def test_the_config_fingerprint_is_canonical_and_ignores_where_the_config_was_re
     assert config_fingerprint(other_rope) != config_fingerprint(CHECKPOINT)
     assert config_fields(CHECKPOINT)["rope_theta"] == 10000.0  # transformers 5: read from rope_parameters
     assert dtype_name(torch.float8_e4m3fn) == "float8_e4m3fn" and dtype_name(None) is None
+
+
+def test_steps_of_running_requests_read_as_columns_give_the_rows_read_one_by_one(tmp_path):
+    runner = make_runner()
+    state = make_state(runner, tmp_path)
+    a, b = new_request("a-0123abcd", [1, 2, 3]), new_request("b-89abcdef", [4, 5])
+    ha, hb = prompt_hash([1, 2, 3]), prompt_hash([4, 5])
+    steps = [  # (step, the rows expected: id, base, new, tokens, computed, prompt length, hash)
+        (Step(runner, [a, b], [("a-0123abcd", 3, 0, 3), ("b-89abcdef", 2, 0, 2)]), [(True, 3, 0), (True, 2, 0)]),
+        (Step(runner, [], [("a-0123abcd", 1, 3, 3), ("b-89abcdef", 1, 2, 2)]), [(False, 1, 3), (False, 1, 2)]),
+        (Step(runner, [], [("a-0123abcd", 1, 4, 3), ("b-89abcdef", 1, 3, 2)]), [(False, 1, 4), (False, 1, 3)]),
+    ]
+    for step, expected in steps:
+        rows = scheduled_requests(runner, step.output, state)
+        want = [("a-0123abcd", "a", *expected[0], 3, ha, False), ("b-89abcdef", "b", *expected[1], 2, hb, False)]
+        assert [tuple(row) for row in rows] == want and all(type(row) is ScheduledRequest for row in rows)
+    # the same requests in another order, a recomputing all of its tokens after a preemption: read anew
+    step = Step(runner, [], [("b-89abcdef", 1, 4, 2), ("a-0123abcd", 5, 0, 3)])
+    rows = scheduled_requests(runner, step.output, state)
+    assert [tuple(row) for row in rows] == [
+        ("b-89abcdef", "b", False, 1, 4, 2, hb, False),
+        ("a-0123abcd", "a", False, 5, 0, 3, ha, False),
+    ]
+    assert [row.prefill for row in rows] == [False, True]
+    # a running request the runner never saw new (set up mid-run): read row by row, its prompt from the runner
+    runner.requests["c-00000000"] = SimpleNamespace(prompt_token_ids=[7, 8])
+    step = Step(runner, [], [("b-89abcdef", 1, 5, 2), ("c-00000000", 1, 9, 2)])
+    assert [tuple(row) for row in scheduled_requests(runner, step.output, state)] == [
+        ("b-89abcdef", "b", False, 1, 5, 2, hb, False),
+        ("c-00000000", "c", False, 1, 9, 2, prompt_hash([7, 8]), False),
+    ]

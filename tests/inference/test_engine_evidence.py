@@ -309,13 +309,13 @@ def test_steps_of_running_requests_read_as_columns_give_the_rows_read_one_by_one
     state = make_state(runner, tmp_path)
     a, b = new_request("a-0123abcd", [1, 2, 3]), new_request("b-89abcdef", [4, 5])
     ha, hb = prompt_hash([1, 2, 3]), prompt_hash([4, 5])
-    steps = [  # (step, the rows expected: id, base, new, tokens, computed, prompt length, hash)
-        (Step(runner, [a, b], [("a-0123abcd", 3, 0, 3), ("b-89abcdef", 2, 0, 2)]), [(True, 3, 0), (True, 2, 0)]),
-        (Step(runner, [], [("a-0123abcd", 1, 3, 3), ("b-89abcdef", 1, 2, 2)]), [(False, 1, 3), (False, 1, 2)]),
-        (Step(runner, [], [("a-0123abcd", 1, 4, 3), ("b-89abcdef", 1, 3, 2)]), [(False, 1, 4), (False, 1, 3)]),
+    steps = [  # (new requests, rows, and what each row's new, tokens and computed must read)
+        ([a, b], [("a-0123abcd", 3, 0, 3), ("b-89abcdef", 2, 0, 2)], [(True, 3, 0), (True, 2, 0)]),
+        ([], [("a-0123abcd", 1, 3, 3), ("b-89abcdef", 1, 2, 2)], [(False, 1, 3), (False, 1, 2)]),
+        ([], [("a-0123abcd", 1, 4, 3), ("b-89abcdef", 1, 3, 2)], [(False, 1, 4), (False, 1, 3)]),
     ]
-    for step, expected in steps:
-        rows = scheduled_requests(runner, step.output, state)
+    for new, batch, expected in steps:
+        rows = scheduled_requests(runner, Step(runner, new, batch).output, state)
         want = [("a-0123abcd", "a", *expected[0], 3, ha, False), ("b-89abcdef", "b", *expected[1], 2, hb, False)]
         assert [tuple(row) for row in rows] == want and all(type(row) is ScheduledRequest for row in rows)
     # the same requests in another order, a recomputing all of its tokens after a preemption: read anew

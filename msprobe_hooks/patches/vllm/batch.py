@@ -56,7 +56,8 @@ def _running_rows(
         except KeyError:  # a row this runner never saw new (set up mid-run): row by row
             return None
         prompt_lens = batch.num_prompt_tokens[: len(request_ids)].tolist()
-        last = state.last_batch = (list(request_ids), found_bases, prompt_lens, found_hashes)  # the engine's changes
+        # a copy: the engine changes its id list in place at later steps
+        last = state.last_batch = (list(request_ids), found_bases, prompt_lens, found_hashes)
     ids, bases, prompt_lens, hashes = last
     rows = len(ids)
     counts = [1] * rows if sum(tokens.values()) == rows else list(map(tokens.__getitem__, ids))

@@ -3,7 +3,7 @@
     DUMP_ON=1 PROMPTS_ONLY=1 MSPROBE_ACTOR_CONFIG=... MSPROBE_GENERATE_CONFIG=... \\
         msprobe-hooks run -- .venv/bin/python cpu_kit/rl_loop.py --model DIR --prompts FILE --out DIR \\
         [--iterations 2] [--drop-tensor NAME --at-step K] [--dtype float32] [--lr 1e-4] [--packed]
-        [--temperature T --seed S] [--train-temperature T] [--logprobs-mode MODE] [--kv-cache-dtype DTYPE]
+        [--temperature T --seed S --top-p P] [--train-temperature T] [--logprobs-mode MODE] [--kv-cache-dtype DTYPE]
         [--rollout-hf-overrides JSON] [--rollout-token-change POS]
         [--rollout-engine sglang [--rollout-engine-kwargs JSON]]
 
@@ -161,7 +161,7 @@ def global_step(trainer: Any, rollout: EngineClient, prompts: list[dict], step: 
         requests[0]["prompt_token_ids"] = changed_token(fed, args.rollout_token_change, vocab_size(args.model))
     if args.temperature is not None:  # sampled, each request seeded: reproducible
         for i, request in enumerate(requests):
-            request.update(temperature=args.temperature, seed=args.seed + i)
+            request.update(temperature=args.temperature, seed=args.seed + i, top_p=args.top_p)
     samples = rollout_samples(prompts, rollout.generate(requests, packed=args.packed), step)
     lap("rollout")
     settings = {"micro_batch_size": MICRO_BATCH_SIZE, "global_step": step, "temperature": args.train_temperature}
@@ -263,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "packed": args.packed,
         "temperature": args.temperature,
         "seed": args.seed if args.temperature is not None else None,
+        "top_p": args.top_p,
         "train_temperature": args.train_temperature,
         "logprobs_mode": args.logprobs_mode,
         "kv_cache_dtype": args.kv_cache_dtype,
@@ -310,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--packed", action="store_true", help="add a step's requests at once (default: one at a time)")
     parser.add_argument("--temperature", type=float, help="sample the rollout at this temperature (default: greedy)")
     parser.add_argument("--seed", type=int, default=0, help="with --temperature: request i's seed is SEED + i")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature: the nucleus kept (default 1.0)")
     parser.add_argument(
         "--train-temperature",
         type=float,

@@ -62,6 +62,7 @@ class _Server:
                 sampling_params=[
                     {
                         "temperature": request.get("temperature", 0.0),
+                        "top_p": request.get("top_p", 1.0),
                         "sampling_seed": request.get("seed"),
                         "max_new_tokens": request["max_tokens"],
                         "ignore_eos": True,

@@ -73,6 +73,7 @@ class _Server:
             for request in wave:
                 params = SamplingParams(
                     temperature=request.get("temperature", 0.0),
+                    top_p=request.get("top_p", 1.0),
                     seed=request.get("seed"),
                     max_tokens=request["max_tokens"],
                     logprobs=0,

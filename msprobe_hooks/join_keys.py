@@ -20,6 +20,7 @@ TRAINING_LOG = "update_actor_log.jsonl"  # one line per dumped actor micro-batch
 TRAINING_SOURCE = "update_actor"
 GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor log-prob pass with rollout log-probs
 GAP_SOURCE = "logprob_gap"
+GAP_TOKEN_DECIMALS = 6  # its per-token log-probs' decimals: 1e-6 is far below any gap worth a diagnosis
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
 ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
 ENGINE_LOG = "engine.jsonl"  # one line per model load: the settings that change numerics (msprobe_hooks.numerics)

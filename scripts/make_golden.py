@@ -76,6 +76,16 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   tempered log-probs (``tempered/``) and the raw ones under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``
   (``raw_logprobs/``); cut to their pairs as ``main_ppo/`` is.
 
+* ``logits_loop/``: the CPU kit's RL loop (one global step, the four prompts packed into one step) sampled at
+  temperature 0.8 (seeded), in tensor mode with whole sequences dumped (``DUMP_SEQUENCES=1``): the rollout's logits at
+  every sampling step, each response token's two log-probs in the gap lines (``MSPROBE_HOOKS_GAP_TOKENS``' default
+  ``dumped``). vLLM rolling out (``LOGITS_LOOP_CASES``): ``processed_logprobs`` against a trainer given 1.0
+  (``tempered/``); with a top-p of 0.7 and the trainer at 0.8 (``top_p/``); ``raw_logprobs`` with the trainer at 0.8
+  (``raw/``); ``processed_logprobs`` with the trainer at 0.8 (``alike/``: nothing differs); SGLang rolling out with
+  ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, the trainer at 0.8 (``sglang_raw/``). Cut to their pairs as ``main_ppo/`` is,
+  and of the tensors to the ids, the final norm and the logits (the other rows compare on nothing: their files are
+  left out), as ``.npy``.
+
 * ``align/``: the join rules' inputs (``tests/analysis/test_align.py`` builds each case's dispatch log over
   them): ``actor/`` the README demo as its users run it (``msprobe-hooks run`` over ``examples/cpu_demo.py``,
   ``DUMP_ON=1 PROMPTS_ONLY=1``, msprobe's default config: four prompt-only dumps at level mix, request ids
@@ -84,8 +94,8 @@ head_dim 32) and two prompts, msprobe statistics at level L0, plus one tensor-mo
   one per token count of ``EMBEDDING_TOKENS``: an inference step's dump of T tokens.
 
 ``--only SET`` re-cuts one set (``namings``, ``verdict``, ``decode``, ``megatron``, ``tp2``, ``replicas``, ``qwen3``,
-``moe``, ``shared``, ``moe_sglang``, ``main_ppo``, ``align``) and leaves the others (``main_ppo`` needs
-``.venv-verl-e2e``).
+``moe``, ``shared``, ``moe_sglang``, ``main_ppo``, ``sglang_loop``, ``logits_loop``, ``align``) and leaves the
+others (``main_ppo`` needs ``.venv-verl-e2e``).
 
 msprobe's ``stack.json`` and ``construct.json`` and the parameters' tensor files are dropped (compare reads
 none of them); ``dump.json`` is rewritten as compact JSON, its content unchanged (but for the tensor files'
@@ -116,7 +126,7 @@ from support.compare_runs import (  # noqa: E402
 )
 from support.interpreter import clean_env, shim_env  # noqa: E402
 from support.real_vllm import PREEMPTION_ENGINE, PREEMPTION_REQUESTS  # noqa: E402
-from support.rl_loop import demo_inputs_in, run_sglang_loop  # noqa: E402
+from support.rl_loop import TENSOR_CONFIG, TENSOR_ENV, demo_inputs_in, run_loop, run_sglang_loop  # noqa: E402
 
 from cpu_kit import verl_cpu  # noqa: E402
 from cpu_kit.main_ppo import TIMEOUT_S as MAIN_PPO_TIMEOUT_S  # noqa: E402
@@ -583,19 +593,50 @@ def _sglang_loop(work: Path, out: Path) -> None:
         _cut_to_pairs(run.work, out / "sglang_loop" / name)
 
 
-def _cut_to_pairs(run: Path, target: Path) -> None:
+# name: the CPU kit's RL loop's options (sampled at 0.8, seeded, a step's requests packed), tensor mode with whole
+# sequences dumped: the rollout's logits at every sampling step, each response token's log-probs in the gap lines
+LOGITS_LOOP_SAMPLED = ("--temperature", "0.8", "--seed", "0", "--iterations", "1", "--packed")
+LOGITS_LOOP_CASES = {
+    "tempered": ["--logprobs-mode", "processed_logprobs", "--train-temperature", "1.0"],
+    "top_p": ["--top-p", "0.7", "--logprobs-mode", "processed_logprobs", "--train-temperature", "0.8"],
+    "raw": ["--logprobs-mode", "raw_logprobs", "--train-temperature", "0.8"],
+    "alike": ["--logprobs-mode", "processed_logprobs", "--train-temperature", "0.8"],
+}
+# SGLang rolling out, returning the raw logits' log-probs (its environment), verl recomputing at 0.8
+LOGITS_LOOP_SGLANG = ("sglang_raw", ["--train-temperature", "0.8"], {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
+
+
+def _kept_for_logits(name: str) -> bool:
+    """The tensors a logits_loop/ tree keeps: the ids, the final norm (the rows its pairs compare) and the logits."""
+    top_level = ".layers." not in name
+    return top_level and (".embed_tokens." in name or ".norm." in name or ".logits_processor." in name)
+
+
+def _logits_loop(work: Path, out: Path) -> None:
+    inputs = demo_inputs_in(work / "inputs")
+    runs = [run_loop(work / n, inputs, *LOGITS_LOOP_SAMPLED, *o, **TENSOR_ENV) for n, o in LOGITS_LOOP_CASES.items()]
+    name, options, env = LOGITS_LOOP_SGLANG
+    sampled = (*LOGITS_LOOP_SAMPLED, *options)
+    runs.append(run_sglang_loop(work / name, inputs, *sampled, msprobe=TENSOR_CONFIG, **TENSOR_ENV, **env))
+    for run in runs:
+        run.pairs()
+        keep_tensors(run.work / "dumps", _kept_for_logits)
+        _cut_to_pairs(run.work, out / "logits_loop" / run.work.name, npy=True)
+
+
+def _cut_to_pairs(run: Path, target: Path, npy: bool = False) -> None:
     """The dumps ``run/pairs.jsonl`` pairs (paths relative to ``run``, under ``dumps/``) and the logs beside them,
-    to ``target``; a dispatch log keeps the lines of the steps kept (the other steps' folders are not)."""
+    to ``target`` (``npy``: tensor files as ``.npy``); each side's log keeps the lines of the dumps kept (the other
+    steps' folders are not)."""
     kept_steps: dict[str, set[int]] = {}
     logs: set[str] = set()
     for line in (run / "pairs.jsonl").read_text().splitlines():
         pair = json.loads(line)
         for side in (pair["train"], pair["generate"]):
             step_folder = Path(side["dump"]).parent
-            _copy_tree(run / step_folder, target / step_folder.relative_to("dumps"))
+            _copy_tree(run / step_folder, target / step_folder.relative_to("dumps"), npy=npy)
             logs.update(filter(None, (side.get("engine_log"), side.get("requests_log"), *(side.get("gap_logs") or []))))
-        logs.add(pair["train"]["log"])
-        kept_steps.setdefault(pair["generate"]["log"], set()).add(pair["generate"]["step"])
+            kept_steps.setdefault(side["log"], set()).add(side["step"])
     for log in logs:
         out = target / Path(log).relative_to("dumps")
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -644,6 +685,7 @@ SETS = {
     "moe_sglang": _moe_sglang,
     "main_ppo": _main_ppo,
     "sglang_loop": _sglang_loop,
+    "logits_loop": _logits_loop,
     "align": _align,
 }
 

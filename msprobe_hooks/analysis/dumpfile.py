@@ -17,6 +17,7 @@ from typing import Any
 
 CHUNK = 1 << 20  # characters read at a time
 EMBEDDING_CHUNK = 1 << 16  # the embedding entry is within a dump's first few KB: read only that far
+TENSOR_FOLDER = "dump_tensor_data"  # beside a tensor-mode dump.json: msprobe's tensor files
 _DECODER = json.JSONDecoder()
 _SPACE = " \t\r\n"
 # The embedding's input holds the token ids: the module (HF/vLLM/SGLang ``embed_tokens``, Megatron
@@ -210,7 +211,7 @@ def tensor_file(dump: str, data_name: str | None) -> str | None:
     """The file of a tensor-mode entry's tensor (``data_name``) beside the ``dump.json`` at ``dump``; None if absent."""
     if not data_name:
         return None
-    path = os.path.join(os.path.dirname(dump), "dump_tensor_data", data_name)
+    path = os.path.join(os.path.dirname(dump), TENSOR_FOLDER, data_name)
     return path if os.path.isfile(path) else None
 
 

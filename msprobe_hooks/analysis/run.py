@@ -28,7 +28,7 @@ from msprobe_hooks.analysis.answer import verdict
 from msprobe_hooks.analysis.answer.assemble import Answer, assemble
 from msprobe_hooks.analysis.answer.evidence import gather
 from msprobe_hooks.analysis.answer.symptom import read_gaps
-from msprobe_hooks.analysis.comparing import names, pool
+from msprobe_hooks.analysis.comparing import logits, names, pool
 from msprobe_hooks.analysis.comparing.row_store import RowStore
 from msprobe_hooks.analysis.pairing import pairs
 from msprobe_hooks.analysis.report import writer
@@ -131,7 +131,9 @@ def _compare(
                 raise
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
         gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
-        answer = assemble(results, store, gaps, gather(pair_list, gaps))
+        evidence = gather(pair_list, gaps)
+        mode = (evidence.rollout.numerics or {}).get("logprobs_mode")
+        answer = assemble(results, store, gaps, evidence, logits.check(pair_list, gaps, mode))
         index, lines = writer.write(output, answer, options.threshold, painter)
     compared = Compared(answer, index, lines)
     if options.tensorboard:

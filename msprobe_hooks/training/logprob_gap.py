@@ -53,7 +53,8 @@ class SampleGap(NamedTuple):
     """One sample's gap; ``max``, ``mean``, ``argmax`` and the probs are None when no token is counted.
 
     ``log_probs`` and ``rollout_log_probs``: every response token's value (counted or not), rounded to
-    :data:`TOKEN_DECIMALS` decimals, when :func:`statistics` was asked to keep them; else None.
+    :data:`~msprobe_hooks.join_keys.GAP_TOKEN_DECIMALS` decimals, when :func:`statistics` was asked to keep them;
+    else None.
     """
 
     tokens: int
@@ -65,9 +66,6 @@ class SampleGap(NamedTuple):
     probs_diff_mean: float | None
     log_probs: list[float] | None = None
     rollout_log_probs: list[float] | None = None
-
-
-TOKEN_DECIMALS = 6  # per-token log-probs in the gap line: 1e-6 is far below any gap worth a diagnosis
 
 
 def has_rollout_log_probs(micro_batch: Any) -> bool:
@@ -151,7 +149,7 @@ def statistics(
 
     values_of: list[tuple[list[float] | None, list[float] | None]] = [(None, None)] * len(samples)
     if keep_values:
-        pair = torch.stack([old, rollout]).double().round(decimals=TOKEN_DECIMALS).tolist()
+        pair = torch.stack([old, rollout]).double().round(decimals=join_keys.GAP_TOKEN_DECIMALS).tolist()
         ends = [start + length for start, length in zip(starts, response_lens, strict=True)]
         values_of = [(pair[0][a:b], pair[1][a:b]) for a, b in zip(starts, ends, strict=True)]
 

@@ -20,6 +20,7 @@ GOLDEN = golden.GOLDEN
 VERDICT, MOE, MEGATRON = GOLDEN / "verdict", GOLDEN / "moe", GOLDEN / "megatron"
 MAIN_PPO = GOLDEN / "main_ppo"
 SGLANG_LOOP = GOLDEN / "sglang_loop"
+LOGITS_LOOP = GOLDEN / "logits_loop"
 RECORD_KEYS = ["cause", "path", "module", "global_step", "evidence", "sentence"]
 
 
@@ -90,6 +91,109 @@ SGLANG_LOOP_CASES = {
         "log-probs temperature 1.0 (rollout) vs 0.8 (training)",
     ),
 }
+
+
+# The CPU kit's RL loop in tensor mode, the rollout sampled at 0.8 (tests/golden/README.md, logits_loop/): each
+# side's log-probs read from the rollout's own logits at its sampling steps, 22 response tokens (4 prompts packed).
+# case: (cause, what the rollout's log-probs equal, what training's equal)
+TEMPERED, RAW = "log_softmax(logits / 0.8)", "log_softmax(logits)"
+LOGITS_LOOP_CASES = {
+    "tempered": (Cause.SAMPLING, TEMPERED, RAW),  # processed_logprobs; the trainer given 1.0
+    "top_p": (Cause.SAMPLING, f"{TEMPERED} over top-p 0.7", TEMPERED),  # a nucleus training never replays
+    "raw": (Cause.SAMPLING, RAW, TEMPERED),  # vLLM's raw_logprobs; the trainer divides by 0.8
+    "sglang_raw": (Cause.SAMPLING, RAW, TEMPERED),  # SGLang under SGLANG_RETURN_ORIGINAL_LOGPROB=1
+    "alike": (Cause.NONE, TEMPERED, TEMPERED),  # processed_logprobs; the trainer at 0.8 too
+}
+LOGITS_TOKENS = 22
+
+
+def logits_lines(found) -> list[str]:
+    return [e for e in found.evidence if "log-probs equal" in e or "log-probs are off" in e or "made into" in e]
+
+
+@pytest.mark.parametrize("case", list(LOGITS_LOOP_CASES))
+def test_each_sides_log_probs_are_read_from_the_rollouts_own_logits(tmp_path, case):
+    cause, rollout, training = LOGITS_LOOP_CASES[case]
+    tree = LOGITS_LOOP / case
+    found = compared(tmp_path, tree / "actor", tree / "generate").answer.diagnosis
+    assert found.cause is cause, found.evidence
+    assert found.path is (DiagnosisPath.AFTER_LOGITS if cause is Cause.SAMPLING else None)
+    lines = logits_lines(found)
+    checked = f"on all {LOGITS_TOKENS} response tokens checked"
+    assert lines[0].startswith(f"the rollout's log-probs equal {rollout} to ") and checked in lines[0], lines
+    assert lines[1].startswith(f"training's recomputed log-probs equal {training} to ") and checked in lines[1], lines
+    assert lines[1].endswith("the two engines' logits agree")
+    # made two ways: the rollout's off training's transform by the gap itself, far beyond fp32 rounding
+    assert (len(lines) == 3) == (cause is Cause.SAMPLING), lines
+    if cause is Cause.SAMPLING:
+        assert lines[2].startswith(f"the rollout's are off {training} by up to 0.")
+
+
+def test_the_rollouts_values_decide_sampling_where_its_parameters_were_not_recorded(tmp_path):
+    tree = golden.copy("logits_loop/tempered", tmp_path)
+    (requests,) = (tree / "generate").glob("*/requests.jsonl")
+    requests.unlink()  # an older rollout, or one that died before writing it
+    found = compared(tmp_path, tree / "actor", tree / "generate").answer.diagnosis
+    assert (found.cause, found.path) == (Cause.SAMPLING, DiagnosisPath.AFTER_LOGITS)
+    # only the transforms both sides' own values allow were tried: the rollout's matches none, training's the raw one
+    assert found.sentence.startswith(
+        f"the modules agree; the log-probs are made differently from the logits: the rollout's log-probs equal none of "
+        f"{RAW}: closest {RAW} to 0.1"
+    ), found.sentence
+    assert "its sampling parameters not recorded (requests.jsonl)" in found.sentence
+    assert "not recorded: the sampling parameters (rollout)" in found.evidence
+
+
+def test_the_engines_values_outweigh_a_recorded_parameter_that_changes_nothing_returned(tmp_path):
+    """Both sides' values equal log_softmax(logits / 0.8) of one logits: a top-p recorded in the rollout's requests
+    (as if its sampler had ignored it) changes nothing they returned, so nothing is named."""
+    tree = golden.copy("logits_loop/alike", tmp_path)
+    (requests,) = (tree / "generate").glob("*/requests.jsonl")
+    lines = [json.loads(line) for line in requests.read_text().splitlines()]
+    for line in lines:
+        line["sampling"]["top_p"] = 0.5
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = compared(tmp_path, tree / "actor", tree / "generate").answer.diagnosis
+    assert found.cause is Cause.NONE, found.evidence
+    assert any(e.startswith(f"the rollout's log-probs equal {TEMPERED} to ") for e in found.evidence)
+
+
+def test_without_per_token_log_probs_the_recorded_parameters_decide_and_the_logits_are_said_unchecked(tmp_path):
+    tree = golden.copy("logits_loop/tempered", tmp_path)
+    (gaps,) = (tree / "actor").glob("*/logprob_gap.jsonl")
+    lines = [json.loads(line) for line in gaps.read_text().splitlines()]
+    for line in lines:  # MSPROBE_HOOKS_GAP_TOKENS=none
+        for name in ("token_ids", "log_probs", "rollout_log_probs"):
+            del line[name]
+    gaps.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = compared(tmp_path, tree / "actor", tree / "generate")
+    found = result.answer.diagnosis
+    assert (found.cause, found.path) == (Cause.SAMPLING, DiagnosisPath.AFTER_LOGITS)
+    assert found.evidence[0] == "log-probs temperature 0.8 (rollout) vs 1.0 (training)"
+    assert not logits_lines(found)
+    assert result.answer.logits is not None
+    assert dict(result.answer.logits.not_checked) == {
+        "its gap line holds no per-token log-probs (MSPROBE_HOOKS_GAP_TOKENS)": LOGITS_TOKENS
+    }
+
+
+def test_a_pairs_file_of_an_older_align_leaves_a_packed_steps_logits_unchecked(tmp_path):
+    """Without ``request_index`` a step of four requests' logits cannot be told apart: never a row guessed."""
+    tree = LOGITS_LOOP / "tempered"
+    found = tmp_path / "pairs.jsonl"
+    assert main(["align", str(tree / "actor"), str(tree / "generate"), "-o", str(found)]) == 0
+    lines = [json.loads(line) for line in found.read_text().splitlines()]
+    for line in lines:
+        del line["generate"]["request_index"]
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answer = compare_file(str(found), str(tmp_path / "report"), CompareOptions(jobs=1)).answer
+    assert answer.logits is not None
+    older = "the pairs file does not say the request's place in its step (an older align)"
+    # the last step held one request (the longest response): its one row is that request's
+    assert [(t.key, t.token_index) for t in answer.logits.tokens] == [("g1-req-3", 6)]
+    assert dict(answer.logits.not_checked) == {older: LOGITS_TOKENS - 1}
+    assert answer.diagnosis.cause is Cause.SAMPLING
+    assert f"logits not checked for {LOGITS_TOKENS - 1} pairs: {older}" in answer.diagnosis.evidence
 
 
 @pytest.mark.parametrize("case", list(SGLANG_LOOP_CASES))

@@ -26,7 +26,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.rl_loop import FP32_GAP, LoopRun, largest_gap, oracle_log_probs, reference_model, run_demo, run_loop
+from support.rl_loop import (
+    FP32_GAP,
+    TENSOR_ENV,
+    LoopRun,
+    largest_gap,
+    oracle_log_probs,
+    reference_model,
+    run_demo,
+    run_loop,
+)
 from support.verl_runs import HANG_LIMIT_S
 
 from cpu_kit.rl_loop import token_gaps
@@ -88,6 +97,15 @@ def test_the_rollouts_temperature_never_given_to_the_trainer_is_sampling(demo: D
     evidence = "\n".join(diagnosis["evidence"])
     assert f"temperature {ROLLOUT_TEMPERATURE} (rollout) vs {TRAIN_TEMPERATURE} (training)" in evidence
     assert "processed_logprobs" in evidence
+    # Dumped in tensor mode: each side's log-probs read from the rollout's own logits at its sampling steps, every
+    # response token (its prefill's and each decode step's)
+    tokens = sum(len(sample["rollout_log_probs"]) for sample in demo.samples("sampling"))
+    assert f"the rollout's log-probs equal log_softmax(logits / {ROLLOUT_TEMPERATURE:g}) " in evidence
+    assert "training's recomputed log-probs equal log_softmax(logits) " in evidence
+    assert f"on all {tokens} response tokens checked" in evidence, evidence
+    assert "the same logits made into log-probs two ways" in evidence
+    printed = [line.strip() for line in demo.printed.splitlines() if "log-probs equal" in line]
+    assert printed and printed[0].startswith("the rollout's log-probs equal log_softmax(logits / 0.8)"), printed
     # The oracle: the rollout's log-probs are of logits / 0.8, training's of the logits, each to fp32 noise.
     for sample in demo.samples("sampling"):
         rollout = oracle_log_probs(reference, sample, ROLLOUT_TEMPERATURE)
@@ -123,8 +141,8 @@ BF16_HEAD_GAP = 10 * FP32_GAP
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory, demo: Demo) -> LoopRun:
     overrides = json.dumps({"head_dtype": HEAD_DTYPE})
-    work = tmp_path_factory.mktemp("head-dtype")
-    return run_loop(work, demo.out / "inputs", "--iterations", "1", "--rollout-hf-overrides", overrides)
+    work = tmp_path_factory.mktemp("head-dtype")  # in tensor mode: the rollout's bf16 logits read back
+    return run_loop(work, demo.out / "inputs", "--iterations", "1", "--rollout-hf-overrides", overrides, **TENSOR_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +168,11 @@ def test_the_rollouts_logits_in_bf16_are_precision_after_the_logits(head: LoopRu
     assert (diagnosis["cause"], diagnosis["path"], diagnosis["module"]) == ("precision", "after the logits", "lm_head")
     assert diagnosis["evidence"][0].startswith(f"lm_head output {HEAD_DTYPE} (rollout) vs float32 (training)")
     assert diagnosis["evidence"][1].startswith("every error within the float32 floor"), diagnosis["evidence"]
+    # The rollout's own bf16 logits: its log-probs are theirs; training's are off them beyond the fp32 noise
+    evidence = "\n".join(diagnosis["evidence"])
+    assert "the rollout's log-probs equal log_softmax(logits) to " in evidence
+    assert f"(its own logits, {HEAD_DTYPE}, from its dumped sampling steps)" in evidence
+    assert "training's recomputed log-probs are off log_softmax(logits) of the rollout's logits by up to" in evidence
     # The oracle: the rollout's log-probs are of the fp32 model's hidden states through a bf16 lm_head, training's of
     # the fp32 lm_head; the two apart by far more than either is from its oracle.
     for sample in head.samples():

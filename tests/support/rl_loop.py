@@ -32,6 +32,13 @@ from support.vllm_standin import dispatch_log, read_log
 
 LOOP = REPO / "cpu_kit" / "rl_loop.py"
 MSPROBE_CONFIG = REPO / "examples" / "msprobe_l0.json"
+TENSOR_CONFIG = REPO / "examples" / "msprobe_l0_tensor.json"
+# Both sides in tensor mode, whole sequences dumped: decode pairs, and the rollout's logits at each sampling step
+TENSOR_ENV = {
+    "MSPROBE_ACTOR_CONFIG": str(TENSOR_CONFIG),
+    "MSPROBE_GENERATE_CONFIG": str(TENSOR_CONFIG),
+    "DUMP_SEQUENCES": "1",
+}
 # Two engines start (~10 s verl, ~20-70 s vLLM on 2 cores), then ~1 s per global step.
 TIMEOUT = 600
 # fp32 on both sides, same weights: measured max |training - rollout| 4.8e-7 at step 1 and 9.5e-7
@@ -143,12 +150,14 @@ def demo_inputs_in(folder: Path) -> Path:
     return folder
 
 
-def run_sglang_loop(work: Path, inputs: Path, *args: str, engine_kwargs: dict | None = None, **env: str) -> LoopRun:
+def run_sglang_loop(
+    work: Path, inputs: Path, *args: str, engine_kwargs: dict | None = None, msprobe: Path = MSPROBE_CONFIG, **env: str
+) -> LoopRun:
     """:func:`run_loop` with SGLang rolling out (``.venv-sglang``; ``engine_kwargs``: SGLang's own engine arguments),
-    dumping through SGLang's own switch into ``work/dumps/generate`` (its config names the dump path)."""
+    dumping through SGLang's own switch into ``work/dumps/generate`` (``msprobe``'s config, its dump path set)."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "sglang-msprobe.json"
-    config.write_text(json.dumps({**json.loads(MSPROBE_CONFIG.read_text()), "dump_path": str(work / "dumps/generate")}))
+    config.write_text(json.dumps({**json.loads(msprobe.read_text()), "dump_path": str(work / "dumps/generate")}))
     kwargs = {"msprobe_dump_config": str(config), **(engine_kwargs or {})}
     engine = ["--rollout-engine", "sglang", "--sglang-python", str(SGLANG_VENV / "bin" / "python")]
     return run_loop(work, inputs, *engine, "--rollout-engine-kwargs", json.dumps(kwargs), *args, **env)

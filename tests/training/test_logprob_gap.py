@@ -21,7 +21,7 @@ from verl.utils.debug.metrics import calculate_debug_metrics
 from verl.workers.utils.padding import no_padding_2_padding, response_from_nested
 
 from cpu_kit import verl_cpu
-from msprobe_hooks import config
+from msprobe_hooks import config, join_keys
 from msprobe_hooks.training import logprob_gap
 from msprobe_hooks.training.micro_batch import describe_samples
 
@@ -197,7 +197,7 @@ def test_kept_values_are_each_response_tokens_two_log_probs_rounded() -> None:
         p, r = len(sample.prompt), len(sample.response)
         assert gap.log_probs == pytest.approx(row[p - 1 : p - 1 + r].tolist(), abs=5e-7)
         assert gap.rollout_log_probs == pytest.approx(rollout.tolist(), abs=5e-7)
-        assert all(v == round(v, logprob_gap.TOKEN_DECIMALS) for v in gap.log_probs)
+        assert all(v == round(v, join_keys.GAP_TOKEN_DECIMALS) for v in gap.log_probs)
     assert logprob_gap.statistics(log_probs, batch, describe_samples(batch), THRESHOLD)[0].log_probs is None
 
 

@@ -22,9 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from msprobe_hooks.analysis.answer import after_logits
 from msprobe_hooks.analysis.answer.run_view import StepView, token_gap
 from msprobe_hooks.analysis.answer.symptom import SampleCause
 from msprobe_hooks.analysis.answer.verdict import UNIT_ROUNDOFF, StepRule, unit_roundoff
+from msprobe_hooks.analysis.comparing.logits import LogitsCheck
 from msprobe_hooks.analysis.results import Cause, DiagnosisPath, FirstRule, Mode, PairKind, PairResult, Verdict
 
 DIAGNOSIS_FILE = "diagnosis.json"
@@ -134,20 +136,29 @@ class Found(Protocol):
     def samples(self) -> Sequence[SampleCause]: ...
     @property
     def steps(self) -> Sequence[StepView]: ...
+    @property
+    def logits(self) -> LogitsCheck | None: ...
 
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules read: the pairs' results, the samples' gaps, the run, the recorded evidence."""
+    """What the rules read: the pairs' results, the samples' gaps, the run, the recorded evidence, the response tokens
+    checked against the rollout's logits."""
 
     results: Sequence[PairResult]
     samples: Sequence[SampleCause] = ()
     steps: Sequence[StepView] = ()
     evidence: Evidence = Evidence()
+    logits: LogitsCheck | None = None
 
     @classmethod
     def of(cls, answer: Found, evidence: Evidence | None = None) -> Facts:
-        return cls(answer.results, answer.samples, answer.steps, evidence or Evidence())
+        return cls(answer.results, answer.samples, answer.steps, evidence or Evidence(), answer.logits)
+
+    @functools.cached_property
+    def after_logits(self) -> after_logits.AfterLogits | None:
+        """What each side's log-probs equal of the rollout's logits (None: no token checked)."""
+        return after_logits.read(self.logits, self.floor)
 
     @functools.cached_property
     def compared(self) -> list[PairResult]:
@@ -398,21 +409,29 @@ def _or_off(value: Any) -> Any:
 
 
 def sampling_differs(facts: Facts) -> Diagnosis | None:
-    """The modules agree; the sampling parameters both sides recorded differ: the log-probs are made differently
-    from the same logits."""
+    """The modules agree, and the log-probs are made differently from the logits: by the rollout's values against its
+    own logits where its sampling steps were dumped in tensor mode (training's equal ``log_softmax(logits / T)`` of
+    them, the rollout's do not: :mod:`.after_logits`), else by the sampling parameters both sides recorded. Where the
+    values say both sides make them alike, differing parameters change nothing returned: not this rule's."""
+    if not facts.compared or facts.stepped or facts.routed:
+        return None
+    view = facts.after_logits
+    if view is not None and view.alike:
+        return None  # the engines' own values: one transform of logits that agree, whatever the parameters say
     differing = facts.evidence.differing("sampling")
-    if not differing or not facts.compared or facts.stepped or facts.routed:
+    if not differing and (view is None or not view.differ):
         return None
     evidence = [
         f"{key} {_or_off(rollout)} (rollout) vs {_or_off(training)} (training)" for key, training, rollout in differing
     ]
     mode = (facts.evidence.rollout.numerics or {}).get("logprobs_mode")
-    if mode is not None:
+    if mode is not None and differing:
         evidence.append(
             f"the rollout returns {mode} (its engine's log-probs mode): the log-probs of the logits as sampled "
             "(divided by the temperature, renormalised over top-k / top-p / min-p) when processed, of the raw logits "
             "when raw; training recomputes log_softmax(logits / temperature) and never applies a nucleus"
         )
+    evidence += _logits_lines(facts)
     evidence.append(_agree(facts))
     return Diagnosis(
         Cause.SAMPLING,
@@ -442,6 +461,7 @@ def logits_precision(facts: Facts) -> Diagnosis | None:
             f"lm_head output {rollout} (rollout) vs {training} (training) (engine.jsonl: vLLM's head dtype, the "
             "dtype training's logits came out in)",
             _agree(facts),
+            *_logits_lines(facts),
             *_gap_lines(facts),
         ],
         sentence=f"the logits are computed in {rollout} (rollout) vs {training} (training); every earlier module "
@@ -453,7 +473,8 @@ def _whole_model(facts: Facts, cause: Cause, dtypes_line: str, sentence: str) ->
     """A cause of the whole model's dtypes, no module stepping up: its dtypes, that the errors agree, the routing
     flips within the noise, the gap."""
     evidence = [f"{dtypes_line} on {facts.dtype_share:.0%} of the compared rows", _agree(facts)]
-    return Diagnosis(cause, evidence=evidence + _noise_flips(facts) + _gap_lines(facts), sentence=sentence)
+    evidence += _noise_flips(facts) + _logits_lines(facts) + _gap_lines(facts)
+    return Diagnosis(cause, evidence=evidence, sentence=sentence)
 
 
 def model_precision(facts: Facts) -> Diagnosis | None:
@@ -496,7 +517,9 @@ def nothing_differs(facts: Facts) -> Diagnosis | None:
         return None  # unexplained's: a gap nothing compared explains
     return Diagnosis(
         Cause.NONE,
-        evidence=[f"model dtype {_name(dtypes[0])} on both sides", _agree(facts), *_gap_lines(facts)],
+        evidence=[f"model dtype {_name(dtypes[0])} on both sides", _agree(facts)]
+        + _logits_lines(facts)
+        + _gap_lines(facts),
         sentence=f"nothing differs beyond the {_name(dtypes[0])} floor",
     )
 
@@ -531,16 +554,19 @@ def unexplained(facts: Facts) -> Diagnosis:
             " without a step up over its floor"
             for r in diverging[:3]
         ]
-        evidence += _gap_lines(facts)
+        evidence += _logits_lines(facts) + _gap_lines(facts)
         sentence = (
             f"a log-prob gap of {gap:.3g} beyond the floor {facts.floor:.3g} that no compared module explains"
             if gap is not None and gap > facts.floor
             else "a divergence no rule explains"
         )
-    evidence += [
-        "not compared: the logits (msprobe skips lm_head under verl): a tensor-mode dump of the training side's "
-        "lm_head output would show them",
-    ]
+    if facts.after_logits is None:
+        evidence.append(
+            "not compared: the logits (msprobe skips lm_head under verl): a tensor-mode dump of the rollout's sampling "
+            "steps, with the per-token log-probs in the gap log (MSPROBE_HOOKS_GAP_TOKENS), checks both sides' "
+            "log-probs against the rollout's logits"
+        )
+        evidence += after_logits.not_checked(facts.logits)
     return Diagnosis(Cause.UNKNOWN, evidence=evidence, sentence=sentence)
 
 
@@ -595,6 +621,10 @@ def _noise_flips(facts: Facts) -> list[str]:
         for r in following
     ]
     return lines
+
+
+def _logits_lines(facts: Facts) -> list[str]:
+    return facts.after_logits.lines() if facts.after_logits is not None else []
 
 
 def _gap_lines(facts: Facts) -> list[str]:

@@ -20,15 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from msprobe_hooks.analysis.answer.diagnosis import Evidence, SideEvidence
+from msprobe_hooks.analysis.comparing.logits import Transform, claimed
 from msprobe_hooks.analysis.pairing.pairs import Pair
 from msprobe_hooks.analysis.pairing.side_logs import engine_settings, requests
 from msprobe_hooks.join_keys import strip_vllm_suffix
-from msprobe_hooks.numerics import TEMPERATURE_SCALED_LOGPROBS
 
 # Model-configuration keys that say where a value came from, not what it is: never compared.
 NOT_COMPARED = frozenset({"rope_theta_source"})
-# vLLM treats a temperature below this as greedy sampling (its _SAMPLING_EPS): the logits are not divided.
-GREEDY_BELOW = 1e-5
 # The log-probs transform's fields, as both sides' evidence names them.
 TEMPERATURE, TOP_K, TOP_P, MIN_P = "log-probs temperature", "top_k", "top_p", "min_p"
 UNTRANSFORMED = {TEMPERATURE: 1.0, TOP_K: None, TOP_P: 1.0, MIN_P: 0.0}
@@ -86,17 +84,12 @@ def _configuration(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 def _rollout_transform(sampling: Mapping[str, Any], mode: Any) -> dict[str, Any]:
     """What the rollout's returned log-probs are of, by its log-probs mode and a request's parameters."""
-    t, k, p, m = (sampling.get(name) for name in ("temperature", "top_k", "top_p", "min_p"))
-    temperature = t if isinstance(t, (int, float)) and t >= GREEDY_BELOW else 1.0
-    if mode == TEMPERATURE_SCALED_LOGPROBS:  # SGLang's default: no nucleus applied to what it returns
-        return {**UNTRANSFORMED, TEMPERATURE: temperature}
-    if not str(mode).startswith("processed"):
-        return dict(UNTRANSFORMED)
+    transform = claimed(sampling, mode) or Transform()
     return {
-        TEMPERATURE: temperature,
-        TOP_K: k if isinstance(k, int) and k > 0 else None,
-        TOP_P: p if isinstance(p, (int, float)) and p < 1 else 1.0,
-        MIN_P: m if isinstance(m, (int, float)) and m > 0 else 0.0,
+        TEMPERATURE: transform.temperature,
+        TOP_K: transform.top_k,
+        TOP_P: transform.top_p,
+        MIN_P: transform.min_p,
     }
 
 

@@ -133,6 +133,7 @@ class Join:
                 offset=row.offset,
                 tokens=row.tokens,
                 format=LOG_FORMATS[step.recipe],
+                request_index=step.rows.index(row),
             ),
         )
         for side, log in ((pair.train, dump.log), (pair.generate, step.log)):

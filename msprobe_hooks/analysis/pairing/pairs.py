@@ -21,9 +21,11 @@ packed decode step every request's row). ``rows`` null: the whole dump.
 ``rule`` says what joined the two sides (:class:`JoinRule`), ``key`` the value it joined on,
 ``rank_rule`` how the generate rank was chosen (:class:`RankRule`). ``filtered`` is true when the
 inference step packed several requests and msprobe's ``request_id`` filter cut the dump to this one;
-``offset``/``tokens`` are the request's rows in that step. ``generate.shards``, only for an engine of
-several tensor-parallel ranks, lists the prefill's dump on every rank of that engine (``rank``, ``pid``,
-``step``, ``line``, ``dump``, ``log``; the pair's own ``generate`` rank among them): compare makes the
+``offset``/``tokens`` are the request's rows in that step, ``request_index`` (written when known) its
+place among the step's requests: its row of the logits the step samples from (``comparing/logits.py``).
+``generate.shards``, only for an engine of several tensor-parallel ranks, lists the prefill's dump on every
+rank of that engine (``rank``, ``pid``, ``step``, ``line``, ``dump``, ``log``; the pair's own ``generate`` rank
+among them): compare makes the
 split tensors whole from them (``analysis/comparing/shards.py``). ``train.layer_offset``, only where the training
 log says it (Megatron), is the model's number of the dumped pipeline stage's first decoder layer (0 without pipeline
 parallelism). ``line`` is the log line each side came from, ``format`` whose log it was (``msprobe-hooks`` or
@@ -127,10 +129,13 @@ class GenerateSide(_Side):
     shards: list[Shard] | None = None  # every rank of a TP engine (TP > 1), in rank order; None: one rank
     engine_log: str | None = None  # its process's engine.jsonl (the engine's numerics settings); None: none found
     requests_log: str | None = None  # its process's requests.jsonl (sampling, prompt ids); None: none found
+    request_index: int | None = None  # the request's place among its step's rows: its row of the step's logits
 
 
 # Fields written only when set: a pair of a TP=1 engine, of a dense model, reads as it always has.
-_OPTIONAL = frozenset({"shards", "layer_offset", "gap_logs", "routed_experts_log", "engine_log", "requests_log"})
+_OPTIONAL = frozenset(
+    {"shards", "layer_offset", "gap_logs", "routed_experts_log", "engine_log", "requests_log", "request_index"}
+)
 # The files of a side's own process folder that later stages read, by field: where the layout puts them.
 PROCESS_FILES: dict[str, tuple[str, ...]] = {
     "train": ("routed_experts_log", "engine_log"),

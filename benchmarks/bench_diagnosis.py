@@ -82,7 +82,7 @@ def _logits_check() -> None:
     gaps = read_gaps(dict.fromkeys(log for p in tensor_pairs for log in p.train.gap_logs or ()))
     verdict = rules(DEFAULT_THRESHOLD)
     compare = _median(lambda: [judged_pair(i, p, verdict) for i, p in enumerate(tensor_pairs)], 3)
-    check = _median(lambda: logits.check(tensor_pairs, gaps, "processed_logprobs"))
+    check = _median(lambda: logits.check(tensor_pairs, gaps, logits.Rollout("processed_logprobs", 128)))
     per_pair = check / len(tensor_pairs)
     print(
         f"logits check of {len(tensor_pairs)} tensor-mode pairs: {per_pair * 1e3:.2f} ms per pair "

@@ -132,8 +132,11 @@ def _compare(
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
         gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
         evidence = gather(pair_list, gaps)
-        mode = (evidence.rollout.numerics or {}).get("logprobs_mode")
-        answer = assemble(results, store, gaps, evidence, logits.check(pair_list, gaps, mode))
+        rollout = logits.Rollout(
+            (evidence.rollout.numerics or {}).get("logprobs_mode"),
+            (evidence.rollout.configuration or {}).get("vocab_size"),
+        )
+        answer = assemble(results, store, gaps, evidence, logits.check(pair_list, gaps, rollout))
         index, lines = writer.write(output, answer, options.threshold, painter)
     compared = Compared(answer, index, lines)
     if options.tensorboard:

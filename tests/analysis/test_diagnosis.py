@@ -177,6 +177,45 @@ def test_without_per_token_log_probs_the_recorded_parameters_decide_and_the_logi
     }
 
 
+@pytest.mark.parametrize(
+    ("vocab_size", "why"),
+    [
+        (256, "the rollout's logits hold 128 columns, its vocabulary 256 (a shard?)"),  # a TP rank's slice of them
+        (None, "the rollout's vocabulary size is not recorded (engine.jsonl): a logits row cannot be told whole"),
+    ],
+)
+def test_a_logits_row_narrower_than_the_vocabulary_or_of_no_recorded_width_is_never_read(tmp_path, vocab_size, why):
+    """A slice of the logits would give log-softmaxes over part of the vocabulary: every value off, a cause made up."""
+    tree = golden.copy("logits_loop/tempered", tmp_path)
+    (engine,) = (tree / "generate").glob("*/engine.jsonl")
+    record = json.loads(engine.read_text())
+    record["model_config"]["vocab_size"] = vocab_size
+    if vocab_size is None:
+        del record["model_config"]["vocab_size"]
+    engine.write_text(json.dumps(record) + "\n")
+    answer = compared(tmp_path, tree / "actor", tree / "generate").answer
+    assert answer.logits is not None and not answer.logits.tokens
+    assert dict(answer.logits.not_checked) == {why: LOGITS_TOKENS}
+    assert not logits_lines(answer.diagnosis)  # (a vocabulary of 256 against training's 128 is a configuration)
+
+
+def test_a_prefill_step_of_other_tokens_than_the_prompt_is_not_read_as_its_first_token(tmp_path):
+    """A chunk of a prompt, or a prompt recomputed with its first tokens after a preemption, samples no token 0."""
+    tree = LOGITS_LOOP / "tempered"
+    found = tmp_path / "pairs.jsonl"
+    assert main(["align", str(tree / "actor"), str(tree / "generate"), "-o", str(found)]) == 0
+    lines = [json.loads(line) for line in found.read_text().splitlines()]
+    prefills = [line for line in lines if line["kind"] == "prefill"]
+    for line in prefills:
+        line["generate"]["tokens"] += 3  # as a recomputed request's row: its prompt and 3 generated tokens
+    found.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answer = compare_file(str(found), str(tmp_path / "report"), CompareOptions(jobs=1)).answer
+    assert answer.logits is not None
+    assert sorted({t.token_index for t in answer.logits.tokens}) == list(range(1, 7))  # the decode pairs' tokens
+    why = "its prefill step held other tokens than the prompt's (chunked, or recomputed after a preemption)"
+    assert dict(answer.logits.not_checked) == {why: len(prefills)}
+
+
 def test_a_pairs_file_of_an_older_align_leaves_a_packed_steps_logits_unchecked(tmp_path):
     """Without ``request_index`` a step of four requests' logits cannot be told apart: never a row guessed."""
     tree = LOGITS_LOOP / "tempered"

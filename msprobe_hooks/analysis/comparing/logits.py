@@ -119,16 +119,23 @@ class LogitsCheck:
     not_checked: Counter[str] = field(default_factory=Counter)
 
 
-def check(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any]], rollout_mode: Any) -> LogitsCheck:
+@dataclass(frozen=True)
+class Rollout:
+    """What the rollout engine recorded that reading its logits needs (engine.jsonl); None: not recorded."""
+
+    logprobs_mode: Any = None
+    vocab_size: Any = None  # the model configuration's: a logits row must be that wide (a TP shard is not)
+
+
+def check(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any]], rollout: Rollout) -> LogitsCheck:
     """Each pair's response token against the rollout's logits row it was sampled from (prefill pairs: token 0).
 
-    ``gaps``: the training side's gap lines (:func:`..answer.symptom.read_gaps`); ``rollout_mode``: the rollout
-    engine's log-probs mode (engine.jsonl), None when not recorded."""
+    ``gaps``: the training side's gap lines (:func:`..answer.symptom.read_gaps`)."""
     found = LogitsCheck()
     asked = requests(p.generate.requests_log for p in pairs)
     rows: dict[str, Any] = {}  # the current dump's logits and dtype: its pairs come one after another
     for pair in sorted(pairs, key=lambda p: p.generate.dump):
-        token = _token(pair, gaps, asked, rollout_mode, rows)
+        token = _token(pair, gaps, asked, rollout, rows)
         if isinstance(token, str):
             found.not_checked[token] += 1
         else:
@@ -140,10 +147,12 @@ def _token(
     pair: Pair,
     gaps: Mapping[tuple[str, Any], Mapping[str, Any]],
     asked: Mapping[str, Mapping[str, Any]],
-    rollout_mode: Any,
+    engine: Rollout,
     loaded: dict[str, Any],
 ) -> TokenAtLogits | str:
     """The pair's :class:`TokenAtLogits`, or why there is none."""
+    if pair.kind is PairKind.PREFILL and pair.generate.tokens != pair.prompt_len:
+        return "its prefill step held other tokens than the prompt's (chunked, or recomputed after a preemption)"
     index = (pair.token_index or 0) if pair.kind is PairKind.DECODE else 0
     line = gaps.get((strip_vllm_suffix(pair.key), pair.train.global_step))
     values = _per_token(line, index)
@@ -160,11 +169,15 @@ def _token(
     row = _row(pair, tensor)
     if isinstance(row, str):
         return row
+    if engine.vocab_size is None:
+        return "the rollout's vocabulary size is not recorded (engine.jsonl): a logits row cannot be told whole"
+    if row.numel() != engine.vocab_size:
+        return f"the rollout's logits hold {row.numel()} columns, its vocabulary {engine.vocab_size} (a shard?)"
     if not 0 <= token < row.numel():
-        return f"token id {token} outside the logits' {row.numel()} columns"
+        return f"token id {token} outside the rollout's vocabulary of {row.numel()}"
     sampling = (asked.get(strip_vllm_suffix(pair.generate.request_id or pair.key)) or {}).get("sampling")
     own = Transform.of(sampling or {})  # the whole of the rollout's sampling transform (identity: not recorded)
-    said = claimed(sampling, rollout_mode) if sampling is not None else None
+    said = claimed(sampling, engine.logprobs_mode) if sampling is not None else None
     trained = Transform.of({"temperature": temperature})
     transforms = {RAW: Transform(), TRAINING_TEMPERATURE: trained}
     if sampling is not None:

@@ -199,6 +199,27 @@ def test_a_logits_row_narrower_than_the_vocabulary_or_of_no_recorded_width_is_ne
     assert not logits_lines(answer.diagnosis)  # (a vocabulary of 256 against training's 128 is a configuration)
 
 
+def test_a_transform_within_the_logits_noise_is_left_to_the_recorded_parameters(tmp_path):
+    """Training's values as a large bf16 model's: off their transform of the rollout's logits by 0.3, more than the
+    temperature's 0.115 moves the rollout's. The values cannot tell the transform from the noise: never "alike", never
+    "two ways"; the recorded temperatures decide."""
+    tree = golden.copy("logits_loop/tempered", tmp_path)
+    (gaps,) = (tree / "actor").glob("*/logprob_gap.jsonl")
+    lines = [json.loads(line) for line in gaps.read_text().splitlines()]
+    for line in lines:
+        line["log_probs"] = [v + (0.3 if i % 2 else -0.3) for i, v in enumerate(line["log_probs"])]
+    gaps.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = compared(tmp_path, tree / "actor", tree / "generate").answer.diagnosis
+    assert (found.cause, found.path) == (Cause.SAMPLING, DiagnosisPath.AFTER_LOGITS)
+    assert found.evidence[0] == "log-probs temperature 0.8 (rollout) vs 1.0 (training)"
+    assert any(e.startswith(f"the rollout's log-probs equal {TEMPERED} to ") for e in found.evidence)
+    assert any(
+        e.startswith(f"training's recomputed log-probs are off {RAW} of the rollout's logits by up to 0.3")
+        for e in found.evidence
+    ), found.evidence
+    assert not any("two ways" in e for e in found.evidence)
+
+
 def test_a_prefill_step_of_other_tokens_than_the_prompt_is_not_read_as_its_first_token(tmp_path):
     """A chunk of a prompt, or a prompt recomputed with its first tokens after a preemption, samples no token 0."""
     tree = LOGITS_LOOP / "tempered"

@@ -6,10 +6,13 @@ float32 floor scaled by the largest logit over the temperature (a log-softmax's 
 Training's recomputed ones come through its own model: the tolerance is the model's floor (:func:`.diagnosis.floor`
 of the compared rows' dtypes), scaled alike. Both add the gap line's rounding (``GAP_TOKEN_DECIMALS``).
 
-Then: training's equal ``log_softmax(logits / T)`` at its temperature and the rollout's are off it: the same logits
-were made into log-probs two ways (``differ``: a sampling cause, after the logits); both equal it: the two engines
-make their log-probs alike from logits that agree (``alike``); training's are off it: the logits themselves differ
-(precision, a module), or the logits could not be told apart from the noise: neither is said.
+Then: the rollout's values equal ``log_softmax(logits / T)`` at training's temperature: one transform on both sides
+(``alike``), whatever the recorded parameters say. They are off it, by more than the step rule's factor times
+training's own values are (training's distance is the logits' noise through its model: 1e-6 in fp32, up to tenths
+in a large bf16 model): the same logits made into log-probs two ways (``differ``: a sampling cause, after the
+logits). Neither: the transform's difference is within the logits' noise, and the recorded parameters decide.
+Training's values off their transform beyond their tolerance are said as the logits differing (precision, a
+module).
 """
 
 from __future__ import annotations
@@ -69,19 +72,22 @@ class AfterLogits:
     dtype: str
     rollout: list[Match]
     training: Match
-    rollout_at_training: Match  # the rollout's values against training's transform, at training's tolerance
+    rollout_at_training: Match  # the rollout's values against training's transform, at the rollout's own tolerance
+    factor: float  # the step rule's: how far above training's own distance from it the rollout's must be
     claimed: str | None  # what the rollout's mode and parameters say it returns (one for all tokens), None: not said
     sampling_recorded: bool  # every token's request's sampling parameters recorded (requests.jsonl)
     not_checked: list[str]
 
     @property
-    def differ(self) -> bool:
-        """Training's equal its transform of these logits, the rollout's are off it: made two ways from one logits."""
-        return self.training.equal and not self.rollout_at_training.equal
+    def alike(self) -> bool:
+        """The rollout's values are training's transform of its logits: one transform on both sides."""
+        return self.rollout_at_training.equal
 
     @property
-    def alike(self) -> bool:
-        return self.training.equal and self.rollout_at_training.equal
+    def differ(self) -> bool:
+        """The rollout's values are off training's transform of the logits by more than ``factor`` times training's
+        own values are: the gap is the transform, not the logits' noise (which a bf16 model's can be)."""
+        return not self.alike and self.rollout_at_training.largest > self.factor * self.training.largest
 
     def lines(self) -> list[str]:
         """The evidence, in numbers."""
@@ -111,8 +117,9 @@ class AfterLogits:
             )
         if self.differ:
             lines.append(
-                f"the rollout's are off {self.training.name} by up to {self.rollout_at_training.largest:.3g}: the same "
-                "logits made into log-probs two ways"
+                f"the rollout's are off {self.training.name} by up to {self.rollout_at_training.largest:.3g}, over "
+                f"{self.factor:g} x training's {self.training.largest:.2g}: the same logits made into log-probs two "
+                "ways"
             )
         return lines + self.not_checked
 
@@ -128,7 +135,7 @@ def read(check: LogitsCheck | None, model_floor: float, rule: StepRule = StepRul
     rollout = [m for role in roles if (m := _match(tokens, role, "rollout", own))]
     rollout.sort(key=lambda m: (not m.equal, m.largest))
     training = _match(tokens, TRAINING_TEMPERATURE, "training", model_floor)
-    at_training = _match(tokens, TRAINING_TEMPERATURE, "rollout", model_floor)
+    at_training = _match(tokens, TRAINING_TEMPERATURE, "rollout", own)
     assert training is not None and at_training is not None  # computed for every token
     claims = {t.claimed for t in tokens}
     return AfterLogits(
@@ -137,6 +144,7 @@ def read(check: LogitsCheck | None, model_floor: float, rule: StepRule = StepRul
         rollout=_distinct(rollout),
         training=training,
         rollout_at_training=at_training,
+        factor=rule.factor,
         claimed=claims.pop() if len(claims) == 1 else None,
         sampling_recorded=all(ROLLOUT_SAMPLING in t.values for t in tokens),
         not_checked=not_checked(check),

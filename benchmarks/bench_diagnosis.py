@@ -30,6 +30,7 @@ from msprobe_hooks.analysis.answer.verdict import rules
 from msprobe_hooks.analysis.comparing import logits
 from msprobe_hooks.analysis.one_pair import judged_pair
 from msprobe_hooks.analysis.pairing import pairs as pairs_file
+from msprobe_hooks.analysis.pairing.side_logs import requests
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD
 from msprobe_hooks.cli import main as cli
 
@@ -82,7 +83,13 @@ def _logits_check() -> None:
     gaps = read_gaps(dict.fromkeys(log for p in tensor_pairs for log in p.train.gap_logs or ()))
     verdict = rules(DEFAULT_THRESHOLD)
     compare = _median(lambda: [judged_pair(i, p, verdict) for i, p in enumerate(tensor_pairs)], 3)
-    check = _median(lambda: logits.check(tensor_pairs, gaps, logits.Rollout("processed_logprobs", 128)))
+    check = _median(
+        lambda: logits.check(
+            tensor_pairs,
+            gaps,
+            logits.Rollout("processed_logprobs", 128, requests(p.generate.requests_log for p in tensor_pairs)),
+        )
+    )
     per_pair = check / len(tensor_pairs)
     print(
         f"logits check of {len(tensor_pairs)} tensor-mode pairs: {per_pair * 1e3:.2f} ms per pair "

@@ -31,6 +31,7 @@ from msprobe_hooks.analysis.answer.symptom import read_gaps
 from msprobe_hooks.analysis.comparing import logits, names, pool
 from msprobe_hooks.analysis.comparing.row_store import RowStore
 from msprobe_hooks.analysis.pairing import pairs
+from msprobe_hooks.analysis.pairing.side_logs import requests
 from msprobe_hooks.analysis.report import writer
 from msprobe_hooks.analysis.report.plots import Painter
 from msprobe_hooks.analysis.results import DEFAULT_THRESHOLD, Verdict
@@ -131,10 +132,12 @@ def _compare(
                 raise
             raise CompareInputError(f"--ray {options.ray}: no Ray cluster there ({exc})") from None
         gaps = read_gaps(dict.fromkeys(log for p in pair_list for log in p.train.gap_logs or ()))
-        evidence = gather(pair_list, gaps)
+        asked = requests(p.generate.requests_log for p in pair_list)
+        evidence = gather(pair_list, gaps, asked)
         rollout = logits.Rollout(
             (evidence.rollout.numerics or {}).get("logprobs_mode"),
             (evidence.rollout.configuration or {}).get("vocab_size"),
+            asked,
         )
         answer = assemble(results, store, gaps, evidence, logits.check(pair_list, gaps, rollout))
         index, lines = writer.write(output, answer, options.threshold, painter)

@@ -410,9 +410,10 @@ def _or_off(value: Any) -> Any:
 
 def sampling_differs(facts: Facts) -> Diagnosis | None:
     """The modules agree, and the log-probs are made differently from the logits: by the rollout's values against its
-    own logits where its sampling steps were dumped in tensor mode (training's equal ``log_softmax(logits / T)`` of
-    them, the rollout's do not: :mod:`.after_logits`), else by the sampling parameters both sides recorded. Where the
-    values say both sides make them alike, differing parameters change nothing returned: not this rule's."""
+    own logits where its sampling steps were dumped in tensor mode (off ``log_softmax(logits / T)`` at training's
+    temperature by over twice training's own distance: :mod:`.after_logits`), else by the sampling parameters both
+    sides recorded. Where the values equal training's transform, differing parameters change nothing returned: not
+    this rule's."""
     if not facts.compared or facts.stepped or facts.routed:
         return None
     view = facts.after_logits
@@ -461,7 +462,6 @@ def logits_precision(facts: Facts) -> Diagnosis | None:
             f"lm_head output {rollout} (rollout) vs {training} (training) (engine.jsonl: vLLM's head dtype, the "
             "dtype training's logits came out in)",
             _agree(facts),
-            *_logits_lines(facts),
             *_gap_lines(facts),
         ],
         sentence=f"the logits are computed in {rollout} (rollout) vs {training} (training); every earlier module "
@@ -473,8 +473,7 @@ def _whole_model(facts: Facts, cause: Cause, dtypes_line: str, sentence: str) ->
     """A cause of the whole model's dtypes, no module stepping up: its dtypes, that the errors agree, the routing
     flips within the noise, the gap."""
     evidence = [f"{dtypes_line} on {facts.dtype_share:.0%} of the compared rows", _agree(facts)]
-    evidence += _noise_flips(facts) + _logits_lines(facts) + _gap_lines(facts)
-    return Diagnosis(cause, evidence=evidence, sentence=sentence)
+    return Diagnosis(cause, evidence=evidence + _noise_flips(facts) + _gap_lines(facts), sentence=sentence)
 
 
 def model_precision(facts: Facts) -> Diagnosis | None:
@@ -517,9 +516,7 @@ def nothing_differs(facts: Facts) -> Diagnosis | None:
         return None  # unexplained's: a gap nothing compared explains
     return Diagnosis(
         Cause.NONE,
-        evidence=[f"model dtype {_name(dtypes[0])} on both sides", _agree(facts)]
-        + _logits_lines(facts)
-        + _gap_lines(facts),
+        evidence=[f"model dtype {_name(dtypes[0])} on both sides", _agree(facts), *_gap_lines(facts)],
         sentence=f"nothing differs beyond the {_name(dtypes[0])} floor",
     )
 
@@ -554,7 +551,7 @@ def unexplained(facts: Facts) -> Diagnosis:
             " without a step up over its floor"
             for r in diverging[:3]
         ]
-        evidence += _logits_lines(facts) + _gap_lines(facts)
+        evidence += _gap_lines(facts)
         sentence = (
             f"a log-prob gap of {gap:.3g} beyond the floor {facts.floor:.3g} that no compared module explains"
             if gap is not None and gap > facts.floor
@@ -578,8 +575,10 @@ def diagnose(answer: Found, rules: Sequence[Rule] = DEFAULT_RULES, evidence: Evi
 
 
 def diagnose_facts(facts: Facts, rules: Sequence[Rule] = DEFAULT_RULES) -> Diagnosis:
-    """:func:`diagnose` on :class:`Facts` already gathered."""
+    """:func:`diagnose` on :class:`Facts` already gathered: the rule's evidence, then what each side's log-probs are of
+    (where a rule did not decide on it), then what was not recorded."""
     found = next((d for d in (rule(facts) for rule in rules) if d is not None), None) or unexplained(facts)
+    found.evidence += [line for line in _logits_lines(facts) if line not in found.evidence]
     found.evidence += _not_recorded(facts)
     return found
 

@@ -22,7 +22,7 @@ from typing import Any
 from msprobe_hooks.analysis.answer.diagnosis import Evidence, SideEvidence
 from msprobe_hooks.analysis.comparing.logits import Transform, claimed
 from msprobe_hooks.analysis.pairing.pairs import Pair
-from msprobe_hooks.analysis.pairing.side_logs import engine_settings, requests
+from msprobe_hooks.analysis.pairing.side_logs import engine_settings
 from msprobe_hooks.join_keys import strip_vllm_suffix
 
 # Model-configuration keys that say where a value came from, not what it is: never compared.
@@ -32,12 +32,15 @@ TEMPERATURE, TOP_K, TOP_P, MIN_P = "log-probs temperature", "top_k", "top_p", "m
 UNTRANSFORMED = {TEMPERATURE: 1.0, TOP_K: None, TOP_P: 1.0, MIN_P: 0.0}
 
 
-def gather(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any]]) -> Evidence:
-    """Both sides' evidence for ``pairs``, from the logs they name and the training side's gap lines (``gaps``:
-    :func:`.symptom.read_gaps`)."""
+def gather(
+    pairs: Sequence[Pair],
+    gaps: Mapping[tuple[str, Any], Mapping[str, Any]],
+    asked: Mapping[str, Mapping[str, Any]],
+) -> Evidence:
+    """Both sides' evidence for ``pairs``, from the logs they name, the training side's gap lines (``gaps``:
+    :func:`.symptom.read_gaps`) and the rollout's request lines (``asked``: :func:`..pairing.side_logs.requests`)."""
     train_engines = engine_settings(p.train.engine_log for p in pairs)
     generate_engines = engine_settings(p.generate.engine_log for p in pairs)
-    asked = requests(p.generate.requests_log for p in pairs)
     keys = [(strip_vllm_suffix(p.generate.request_id or p.key), strip_vllm_suffix(p.key)) for p in pairs]
     sent = {train_key: asked[base] for base, train_key in keys if base in asked}
     samples = {key: line for (key, _), line in gaps.items() if key in {k for _, k in keys}}

@@ -24,7 +24,6 @@ from typing import Any
 from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.comparing import names
 from msprobe_hooks.analysis.pairing.pairs import Pair
-from msprobe_hooks.analysis.pairing.side_logs import requests
 from msprobe_hooks.analysis.results import PairKind
 from msprobe_hooks.join_keys import strip_vllm_suffix
 from msprobe_hooks.numerics import TEMPERATURE_SCALED_LOGPROBS
@@ -125,6 +124,7 @@ class Rollout:
 
     logprobs_mode: Any = None
     vocab_size: Any = None  # the model configuration's: a logits row must be that wide (a TP shard is not)
+    requests: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # requests.jsonl's lines, by request base
 
 
 def check(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any]], rollout: Rollout) -> LogitsCheck:
@@ -132,10 +132,9 @@ def check(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any
 
     ``gaps``: the training side's gap lines (:func:`..answer.symptom.read_gaps`)."""
     found = LogitsCheck()
-    asked = requests(p.generate.requests_log for p in pairs)
     rows: dict[str, Any] = {}  # the current dump's logits and dtype: its pairs come one after another
     for pair in sorted(pairs, key=lambda p: p.generate.dump):
-        token = _token(pair, gaps, asked, rollout, rows)
+        token = _token(pair, gaps, rollout, rows)
         if isinstance(token, str):
             found.not_checked[token] += 1
         else:
@@ -146,7 +145,6 @@ def check(pairs: Sequence[Pair], gaps: Mapping[tuple[str, Any], Mapping[str, Any
 def _token(
     pair: Pair,
     gaps: Mapping[tuple[str, Any], Mapping[str, Any]],
-    asked: Mapping[str, Mapping[str, Any]],
     engine: Rollout,
     loaded: dict[str, Any],
 ) -> TokenAtLogits | str:
@@ -175,7 +173,7 @@ def _token(
         return f"the rollout's logits hold {row.numel()} columns, its vocabulary {engine.vocab_size} (a shard?)"
     if not 0 <= token < row.numel():
         return f"token id {token} outside the rollout's vocabulary of {row.numel()}"
-    sampling = (asked.get(strip_vllm_suffix(pair.generate.request_id or pair.key)) or {}).get("sampling")
+    sampling = (engine.requests.get(strip_vllm_suffix(pair.generate.request_id or pair.key)) or {}).get("sampling")
     own = Transform.of(sampling or {})  # the whole of the rollout's sampling transform (identity: not recorded)
     said = claimed(sampling, engine.logprobs_mode) if sampling is not None else None
     trained = Transform.of({"temperature": temperature})
@@ -212,12 +210,11 @@ def _per_token(line: Mapping[str, Any] | None, index: int) -> tuple[int, float, 
     """(token id, training's and the rollout's log-probs, training's temperature) of response token ``index``."""
     if line is None:
         return "no gap line for its sample (logprob_gap.jsonl)"
-    ids, prompt = line.get("token_ids"), line.get("prompt_len")
-    training, rollout = line.get("log_probs"), line.get("rollout_log_probs")
-    if not (isinstance(ids, list) and isinstance(training, list) and isinstance(rollout, list)):
+    prompt = line.get("prompt_len")
+    lists = [v for v in (line.get(k) for k in ("token_ids", "log_probs", "rollout_log_probs")) if isinstance(v, list)]
+    if len(lists) < 3 or not isinstance(prompt, int):
         return "its gap line holds no per-token log-probs (MSPROBE_HOOKS_GAP_TOKENS)"
-    if not isinstance(prompt, int):
-        return "its gap line holds no per-token log-probs (MSPROBE_HOOKS_GAP_TOKENS)"
+    ids, training, rollout = lists
     if not (index < len(training) and index < len(rollout) and prompt + index < len(ids)):
         return "its response token is past the gap line's tokens"
     return int(ids[prompt + index]), float(training[index]), float(rollout[index]), line.get("temperature")

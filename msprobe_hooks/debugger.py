@@ -120,6 +120,15 @@ def step_dumped(debugger: Any, step: int) -> bool:
     return getattr(service, "dump_iter_dir", None) == os.path.join(service.config.dump_path, f"step{step}")
 
 
+def step_folder(debugger: Any, step: int) -> str | None:
+    """msprobe's ``step{N}/rank{R}`` folder (``proc{pid}`` when it knew no rank) of a step it recorded, else None; call
+    after stop()."""
+    if not step_dumped(debugger, step):
+        return None
+    rank = dump_rank(debugger)
+    return os.path.join(debugger.service.dump_iter_dir, f"rank{rank}" if rank is not None else f"proc{os.getpid()}")
+
+
 def dump_rank(debugger: Any) -> int | None:
     """The rank msprobe names its ``rank{R}`` folders after; None until the first recorded step."""
     rank = debugger.service.current_rank

@@ -22,6 +22,8 @@ GAP_LOG = "logprob_gap.jsonl"  # beside it: one line per sample of every actor l
 GAP_SOURCE = "logprob_gap"
 GAP_TOKEN_DECIMALS = 6  # its per-token log-probs' decimals: 1e-6 is far below any gap worth a diagnosis
 DISPATCH_LOG = "dispatch_log.jsonl"  # one line per inference model step
+# beside msprobe's dump.json of a dumped inference step, where msprobe left its logits processor out (verl imported)
+LOGITS_FILE = "logits.pt"
 ROUTED_EXPERTS_LOG = "routed_experts.jsonl"  # one line per inference model step: the experts each MoE router chose
 ENGINE_LOG = "engine.jsonl"  # one line per model load: the settings that change numerics (msprobe_hooks.numerics)
 REQUESTS_LOG = "requests.jsonl"  # inference, beside the dispatch log: one line per request, its sampling and prompt

@@ -177,6 +177,13 @@ def test_align_pairs_every_prefill_and_decode_step_and_compare_finds_no_divergen
     summary = (healthy.run.work / "report" / "summary.md").read_text()
     assert f"run: no global step diverges ({STEPS} steps compared)" in summary
     assert diagnosis["cause"] == "none", cause
+    # vLLM runs beside verl here, and msprobe then leaves its logits processor out: the hooks keep each dumped step's
+    # logits themselves, and every response token (a prefill's first, each decode step's) is read against them
+    tokens = len(prefill) + len(decode)
+    evidence = "\n".join(diagnosis["evidence"])
+    assert "the rollout's log-probs equal log_softmax(logits) to " in evidence, evidence
+    assert f"on all {tokens} response tokens checked" in evidence, evidence
+    assert "training's recomputed log-probs equal log_softmax(logits) " in evidence, evidence
 
 
 def test_a_bf16_forward_under_model_dtype_fp32_is_named_the_models_precision(bf16: Launch) -> None:

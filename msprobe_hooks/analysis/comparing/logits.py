@@ -25,7 +25,7 @@ from msprobe_hooks.analysis import dumpfile
 from msprobe_hooks.analysis.comparing import names
 from msprobe_hooks.analysis.pairing.pairs import Pair
 from msprobe_hooks.analysis.results import PairKind
-from msprobe_hooks.join_keys import strip_vllm_suffix
+from msprobe_hooks.join_keys import LOGITS_FILE, strip_vllm_suffix
 from msprobe_hooks.numerics import TEMPERATURE_SCALED_LOGPROBS
 
 LM_HEAD = "lm_head"  # the name map's module for the logits (vLLM's and SGLang's logits_processor among its names)
@@ -238,8 +238,12 @@ def _logits_of(dump: str) -> tuple[Any, str] | str:
             if path is None:
                 return "the rollout's dump holds statistics of its logits, no values (a tensor-mode dump has them)"
             return dumpfile.load_tensor(path), str(tensor.get("dtype", "")).removeprefix("torch.")
-    except (OSError, ValueError) as exc:
-        return f"the rollout's dump cannot be read ({exc})"
+        kept = os.path.join(os.path.dirname(dump), LOGITS_FILE)  # the hooks' own, where msprobe left them out
+        if os.path.isfile(kept):
+            tensor_kept = dumpfile.load_tensor(kept)
+            return tensor_kept, str(tensor_kept.dtype).removeprefix("torch.")
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"the rollout's logits cannot be read ({exc})"
     return "the rollout's logits are not in its dump"
 
 

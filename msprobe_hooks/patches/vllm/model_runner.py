@@ -109,6 +109,7 @@ def _ends_steps(state: VllmRunner | None) -> TypeGuard[VllmRunner]:
 
 def _end_step(ctx: PatchContext, state: VllmRunner) -> None:
     ctx.guarded("ending the step's dump", state.finish)
+    ctx.guarded("writing the step's logits", state.end_logits)
     ctx.guarded("writing the step's routed experts", state.end_routing)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from msprobe_hooks.config import Config
 from msprobe_hooks.contracts import module_version
-from msprobe_hooks.debugger import DebuggerUnavailable, get_debugger, is_recording
+from msprobe_hooks.debugger import DebuggerUnavailable, get_debugger, is_recording, step_folder
 from msprobe_hooks.inference import routed_experts
 from msprobe_hooks.inference.dispatch_log import (
     PromptHashes,
@@ -26,6 +26,7 @@ from msprobe_hooks.inference.dispatch_log import (
     open_log,
 )
 from msprobe_hooks.inference.evidence import EvidenceLogs
+from msprobe_hooks.inference.kept_logits import LogitsKeeper, keeper_for
 from msprobe_hooks.inference.routed_experts import RoutingRecorder
 from msprobe_hooks.join_keys import strip_vllm_suffix
 from msprobe_hooks.log import logger
@@ -78,6 +79,9 @@ class VllmRunner(RunnerLog):
         self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
         self.evidence: EvidenceLogs | None = None  # engine.jsonl and requests.jsonl, beside the dispatch log
         self.described: tuple[Any, Any] | None = None  # (model, model_config) of the last engine.jsonl line
+        self.logits: LogitsKeeper | None = None  # the logits of dumped steps, where msprobe leaves them out
+        self.logits_bound = False  # the logits processor was looked at (after msprobe's first start())
+        self.finished: int | None = None  # the step finish() ended, when msprobe dumped it
 
     # --- the evidence beside the dispatch log (engine.jsonl, requests.jsonl) ---------------------
 
@@ -211,16 +215,29 @@ class VllmRunner(RunnerLog):
         self.debugger.start(model=runner.get_model(), scheduled_tokens=scheduled)
         self.in_step = True
         self.on_started()
+        if not self.logits_bound:  # msprobe has hooked the model now: what it left out is known
+            self.logits_bound = True
+            self.logits = keeper_for(runner.get_model(), self.debugger)
+        if self.logits is not None and self.window is not None:
+            self.logits.armed = self.window.dumped
 
     def finish(self) -> None:
         if not self.in_step:
             return
         self.in_step = False
+        window = self.window
+        self.finished = window.step if window is not None and window.dumped else None
         try:
             self.debugger.stop()
             self.debugger.step()
         finally:
             self.on_stepped()  # the window closes even if msprobe failed
+
+    def end_logits(self) -> None:
+        """The step is over: the logits kept of it beside msprobe's dump of it (a step it dumped)."""
+        if self.logits is not None:
+            step, self.finished = self.finished, None
+            self.logits.write(step_folder(self.debugger, step) if step is not None else None)
 
 
 def state_of(runner: Any) -> VllmRunner | None:

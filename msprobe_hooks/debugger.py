@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Any
 
+from msprobe_hooks.join_keys import rank_folder
 from msprobe_hooks.patching import Refusal
 
 MSPROBE_DISTRIBUTION = "mindstudio-probe"
@@ -125,8 +126,7 @@ def step_folder(debugger: Any, step: int) -> str | None:
     after stop()."""
     if not step_dumped(debugger, step):
         return None
-    rank = dump_rank(debugger)
-    return os.path.join(debugger.service.dump_iter_dir, f"rank{rank}" if rank is not None else f"proc{os.getpid()}")
+    return os.path.join(debugger.service.dump_iter_dir, rank_folder(dump_rank(debugger), os.getpid()))
 
 
 def dump_rank(debugger: Any) -> int | None:

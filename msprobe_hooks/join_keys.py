@@ -71,6 +71,11 @@ def versioned_hash(value: str | None, version: int) -> str | None:
     return value if value is None or version == 1 else f"{value}/v{version}"
 
 
+def rank_folder(rank: int | None, pid: int | None) -> str:
+    """msprobe's folder of a rank under ``step{N}``: ``rank{R}``, ``proc{pid}`` when it knew no rank."""
+    return f"rank{rank}" if rank is not None or pid is None else f"proc{pid}"
+
+
 def strip_vllm_suffix(request_id: str) -> str:
     """The request id the client sent, from vLLM's internal ``{id}-{8 hex}`` form (vLLM >= 0.14)."""
     match = _VLLM_SUFFIX.match(request_id)

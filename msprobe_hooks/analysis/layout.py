@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from msprobe_hooks.join_keys import ENGINE_LOG, GAP_LOG, REQUESTS_LOG, ROUTED_EXPERTS_LOG
+from msprobe_hooks.join_keys import ENGINE_LOG, GAP_LOG, REQUESTS_LOG, ROUTED_EXPERTS_LOG, rank_folder
 
 DUMP_FILE = "dump.json"
 
@@ -49,8 +49,7 @@ def log_root(log: str) -> str:
 
 def dump_path(root: str, step: int, rank: int | None, pid: int | None) -> str:
     """msprobe's ``{root}/step{N}/rank{R}/dump.json`` (``proc{pid}`` when it knew no rank)."""
-    leaf = f"rank{rank}" if rank is not None or pid is None else f"proc{pid}"
-    return os.path.join(root, f"step{step}", leaf, DUMP_FILE)
+    return os.path.join(root, f"step{step}", rank_folder(rank, pid), DUMP_FILE)
 
 
 def dumps_under(root: str) -> list[str]:

@@ -38,7 +38,6 @@ ROUNDING = 0.5 * 10.0**-GAP_TOKEN_DECIMALS  # the gap line's per-token values ar
 class Match:
     """One side's values against one transform of the rollout's logits, over the checked tokens."""
 
-    role: str  # RAW, ROLLOUT_TEMPERATURE, ...
     name: str  # the transform, as its first token names it ("log_softmax(logits / 0.8)")
     within: int  # tokens within the tolerance
     tokens: int
@@ -60,15 +59,14 @@ def _match(tokens: Sequence[TokenAtLogits], role: str, side: str, tolerance: flo
     deviations = [(abs(getattr(t, side) - t.values[role][1]), ROUNDING + tolerance * max(1.0, t.scale)) for t in held]
     names = {t.values[role][0] for t in held}
     name = names.pop() if len(names) == 1 else f"log_softmax of {role} (per request)"
-    return Match(role, name, sum(d <= tol for d, tol in deviations), len(held), max(d for d, _ in deviations))
+    return Match(name, sum(d <= tol for d, tol in deviations), len(held), max(d for d, _ in deviations))
 
 
 @dataclass(frozen=True)
 class AfterLogits:
     """The rollout's values against each transform (best first), training's against its temperature's, on the rollout's
-    logits; the check's count of tokens and what was not checked."""
+    logits; what was not checked."""
 
-    tokens: int
     dtype: str
     rollout: list[Match]
     training: Match
@@ -139,7 +137,6 @@ def read(check: LogitsCheck | None, model_floor: float, rule: StepRule = StepRul
     assert training is not None and at_training is not None  # computed for every token
     claims = {t.claimed for t in tokens}
     return AfterLogits(
-        tokens=len(tokens),
         dtype=", ".join(sorted({t.dtype for t in tokens})),
         rollout=_distinct(rollout),
         training=training,

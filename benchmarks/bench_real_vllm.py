@@ -11,8 +11,10 @@ the ratio between two processes of the same kind: the noise floor a process carr
 
 Wall-time ratios on a shared machine are noisy, so it then prints the harder figure: our own CPU
 time per model step, timed around the patch's per-step work in an engine whose core runs in the
-driving process (``real_vllm_cpu_child.py``), per request row, and as a share of a step of the
-multi-process engines timed before (their generation median over the lines a generation writes).
+driving process (``real_vllm_cpu_child.py``; the timer's own cost, measured around nothing at the same
+place, taken off), per request row, and as a share of a step of the multi-process engines timed before
+(their generation median over the lines a generation writes); then apart, the median step of running
+requests only and the mean step that brings new ones.
 
 Both figures for two models: the tests' tiny one (a step of a few ms on this CPU, far shorter than any
 real engine's) and a wider one whose step (tens of ms) is nearer a real rollout step. Our cost per
@@ -113,10 +115,16 @@ def measure(name: str, layers: int, hidden: int) -> None:
     print(
         f"  our CPU time per model step (in-process engine): {cpu['ours_us']:.1f} us on the step, "
         f"{cpu['ours_us'] / cpu['rows_per_step']:.2f} us a row ({cpu['steps']} steps, {cpu['rows_per_step']:.1f} rows "
-        f"a step); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
+        f"a step; the timer's own {cpu['timer_us']:.1f} us a step taken off"
+        f"); {cpu['ours_us'] / off_step_us:.2%} of a step above ({off_step_us:.0f} us wall, DUMP_ON unset); "
         f"off the step, in our writer thread: {cpu['writer_us']:.1f} us a step "
         f"({cpu['writer_us'] / cpu['rows_per_step']:.2f} us a row); "
         f"in-process step: {cpu['step_wall_us']:.0f} us wall, {cpu['step_us']:.0f} us CPU on the model's thread"
+    )
+    print(
+        f"  apart: a step of running requests only (decode), median {cpu['running_median_us']:.1f} us on the step; "
+        f"a step bringing new requests ({cpu['new_steps']} steps), {cpu['new_step_us']:.1f} us "
+        f"({cpu['new_request_us']:.2f} us a new request)"
     )
 
 

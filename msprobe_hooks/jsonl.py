@@ -5,11 +5,12 @@ a process killed at any moment leaves complete lines, but for the record it was 
 can cut a write that crosses a page, leaving that one record unterminated at the end of the file,
 where readers skip it (tests/faults measures it). A log written at every engine step (the dispatch
 log) hands its lines to this process's writer thread instead (:meth:`JsonlLog.write_later`): the step pays a
-queue append, the thread builds and writes the line (whole lines, one ``os.write`` for all that wait) while
-the step runs on, and a line still waiting when the next one comes is written by the caller first, so a kill
-still loses at most the line of the step it cuts. :func:`flush` (also run at exit) writes what waits at
-once. A write that the disk cuts short is taken back;
-a file removed under the writer is made anew (by the next write, or, for the per-step dispatch log,
+list append, the thread builds and writes the line (whole lines, one ``os.write`` for all that wait) while
+the step runs on, and a line still waiting when the next step's come is written by the caller first, so a kill
+still loses at most the lines of the latest step. The step wakes the thread, unless steps come at a steady pace
+(each at most ``STEADY_STEPS_UP_TO_S``): the thread's own timer then wakes it a tenth of a step after the next
+step's lines are due. :func:`flush` (also run at exit) writes what waits at once. A write that the disk cuts short
+is taken back; a file removed under the writer is made anew (by the next write, or, for the per-step dispatch log,
 the first write a second after the last look). Files live under ``{root}/{pid}/``: no two processes
 ever write the same file, and a forked child that inherits a log reopens it under its own pid on
 its first write.
@@ -113,24 +114,32 @@ class JsonlLog:
         with self._lock:
             self._append((line + "\n").encode())
 
-    def write_later(self, build: Callable[..., str], args: tuple[Any, ...]) -> None:
+    def write_later(self, build: Callable[..., str], args: tuple[Any, ...], wake: bool = True) -> None:
         """Append the line ``build(*args)`` from this process's writer thread (started on first use).
 
-        For a log written at every engine step: the caller pays a queue append and a wake-up, not the line's
-        encoding and its ``os.write`` (whose file-time update through the journal alone cost 25-55 us a step).
-        The thread writes while the step runs on; should an earlier line still wait when the next one comes, the
-        caller writes it first, so that once a line is handed over every earlier one is on disk, and a kill
-        loses at most the line of the step it cuts. ``args`` must not change once handed over. The lines of a
+        For a log written at every engine step: the caller pays a list append (and a wake-up, but at a steady
+        pace), not the line's encoding and its ``os.write`` (whose file-time update through the journal alone cost
+        25-55 us a step). The thread writes while the step runs on; should an earlier step's line still wait when
+        the next one comes, the caller writes it first, so that once a step's lines are handed over every earlier
+        step's are on disk, and a kill loses at most the lines of the latest step. ``wake=False``: a line of this
+        step that a later hand-over of the same step wakes the writer for (one wake-up a step: a second found the
+        thread busy with the first and waited for it). ``args`` must not change once handed over. The lines of a
         log keep their order.
         """
         writer = _writer
         if writer.thread is None:
             writer.start()
-        elif writer.waiting or writer.lock.locked():
-            writer.drain()  # an earlier line is not on disk yet (the thread lags): written now, as before
+        elif len(writer.waiting) > writer.held or writer.lock.locked():
+            writer.drain()  # an earlier step's line is not on disk yet (the thread lags): written now, as before
         with writer.guard:
-            ring = not writer.waiting  # the first line since the writer took the last ones wakes it
             writer.waiting.append((self, build, args))
+            if not wake:
+                writer.held += 1
+                return
+            writer.held = 0
+            writer.handed_over()
+            # The first line since the writer took the last ones wakes it, unless its timer is set for this step's
+            ring, writer.rung = not writer.rung and not writer.timed, True
         if writer.thread is None:  # no thread could start (the interpreter is shutting down): written now
             writer.drain()
         elif ring:
@@ -153,18 +162,46 @@ class JsonlLog:
             raise
 
 
+# Steps that come at a steady pace, each this short or shorter, are not rung for: the writer's own timer wakes it a
+# tenth of a step after the next one's hand-over is due (a wake-up from another thread cost the step 4 us of CPU on
+# the tiny engine, 11 us on the wider one: bench_real_vllm.py). Slower or unsteady steps ring, as the first of a
+# burst does; a step later than the timer (the thread finds nothing) rings too.
+STEADY_STEPS_UP_TO_S = 0.05
+_STEADY_RATIO = 1.5  # two intervals between hand-overs within this ratio: a steady pace
+_WAKE_AFTER = 1.1  # steps after the last hand-over: soon after the next is due, long before the one after it
+
+
 class _Writer:
     """This process's writer thread and the lines waiting for it, in the order they were handed over."""
 
     def __init__(self) -> None:
         self.waiting: list[tuple[JsonlLog, Callable[..., str], tuple[Any, ...]]] = []
-        self.guard = threading.Lock()  # over ``waiting``: whether a line is the first since the last take
+        self.guard = threading.Lock()  # over ``waiting``, ``held``, ``rung``, ``timed`` and the pace
+        self.held = 0  # lines at the end of ``waiting`` handed over with wake=False: their step's next one wakes
+        self.rung = False  # the doorbell was rung since the lines were last taken
+        self.timed = False  # the thread waits on its timer, set for the next step's lines: hand-overs do not ring
+        self.handed = float("-inf")  # time.monotonic() of the last waking hand-over
+        self.intervals = (float("inf"), float("inf"))  # the last two times between waking hand-overs
         self.doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung by the first line after a take
         # Held while lines are taken and written: whoever holds it writes all that wait, so order is kept.
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.starting = threading.Lock()
         self.failures: set[str] = set()  # each cause of a lost line is logged once
+
+    def handed_over(self) -> None:
+        """A step's lines are all handed over (under ``guard``): its pace."""
+        now = time.monotonic()
+        self.intervals, self.handed = (self.intervals[1], now - self.handed), now
+
+    def next_wake(self, now: float) -> float | None:
+        """Seconds until the writer's timer should wake it for the next step's lines (under ``guard``); None when the
+        steps are slow, unsteady or late (the next hand-over rings)."""
+        earlier, last = self.intervals
+        steady = last <= STEADY_STEPS_UP_TO_S and max(earlier, last) <= _STEADY_RATIO * min(earlier, last)
+        wait = self.handed + _WAKE_AFTER * last - now
+        self.timed = steady and wait > 0
+        return wait if self.timed else None
 
     def start(self) -> None:
         """Start the thread, once (two threads of the host may hand their first lines over at once)."""
@@ -181,15 +218,31 @@ class _Writer:
                     threading._register_atexit(flush)  # type: ignore[attr-defined]
 
     def _run(self) -> None:
+        timeout = None
         while True:
-            self.doorbell.get()
+            try:
+                self.doorbell.get(timeout=timeout)
+            except queue.Empty:
+                if not self.timer_finds_lines():
+                    timeout = None
+                    continue
             self.drain()
+            with self.guard:
+                timeout = self.next_wake(time.monotonic())
+
+    def timer_finds_lines(self) -> bool:
+        """The timer woke the thread: whether the step it was set for handed its lines over (else the thread waits to
+        be rung, and that step's hand-over rings)."""
+        with self.guard:
+            self.timed = len(self.waiting) > self.held
+            return self.timed
 
     def drain(self) -> None:
         """Build and write every line waiting: one ``os.write`` per file."""
         with self.lock:
             with self.guard:
                 taken, self.waiting = self.waiting, []
+                self.held, self.rung = 0, False
             lines: dict[int, tuple[JsonlLog, list[str]]] = {}
             for log, build, args in taken:
                 try:

@@ -66,41 +66,44 @@ make_scheduled_request: Callable[[tuple[Any, ...]], ScheduledRequest] = functool
 )
 
 
-class RunningRows(Sequence[ScheduledRequest]):
-    """The rows of a step whose requests were all scheduled before (none new), kept as the columns the engine
-    holds them in; the rows are made when first read. On a step that dumps nothing only the dispatch log's
-    writer thread reads them, so the step itself makes no row."""
+class DeferredRows(Sequence[ScheduledRequest]):
+    """A step's rows, made when first read. On a step that dumps nothing only the dispatch log's writer thread reads
+    them, so the step itself makes none, nor what they need (a new request's prompt hash: 20 us for 2,000 tokens)."""
 
-    __slots__ = ("_columns", "_rows")
+    __slots__ = ("_length", "_make", "_rows")
 
-    def __init__(
-        self,
-        request_ids: Sequence[str],
-        bases: Sequence[str | None],
-        tokens: Sequence[int],
-        computed_tokens: Sequence[int],
-        prompt_lens: Sequence[int],
-        prompt_hashes: Sequence[str | None],
-    ) -> None:
-        self._columns = request_ids, bases, tokens, computed_tokens, prompt_lens, prompt_hashes
+    def __init__(self, length: int, make: Callable[[], list[ScheduledRequest]]) -> None:
+        self._length = length
+        self._make = make  # reads only what does not change once the step is over
         self._rows: list[ScheduledRequest] | None = None
 
-    def _made(self) -> list[ScheduledRequest]:
+    def made(self) -> list[ScheduledRequest]:
         rows = self._rows
         if rows is None:  # two threads may make them at once: the same rows either way
-            ids, bases, tokens, computed, prompt_lens, hashes = self._columns
-            columns = ids, bases, repeat(False), tokens, computed, prompt_lens, hashes, repeat(False)
-            rows = self._rows = list(map(make_scheduled_request, zip(*columns, strict=False)))  # repeat(): endless
+            rows = self._rows = self._make()
         return rows
 
     def __len__(self) -> int:
-        return len(self._columns[0])
+        return self._length
 
     def __getitem__(self, index: Any) -> Any:
-        return self._made()[index]
+        return self.made()[index]
 
     def __iter__(self) -> Iterator[ScheduledRequest]:
-        return iter(self._made())
+        return iter(self.made())
+
+
+def rows_of_columns(
+    request_ids: Sequence[str],
+    bases: Sequence[str | None],
+    tokens: Sequence[int],
+    computed_tokens: Sequence[int],
+    prompt_lens: Sequence[int],
+    prompt_hashes: Sequence[str | None],
+) -> list[ScheduledRequest]:
+    """The rows of running requests (none new) from the columns the engine holds them in, made in C."""
+    columns = request_ids, bases, repeat(False), tokens, computed_tokens, prompt_lens, prompt_hashes, repeat(False)
+    return list(map(make_scheduled_request, zip(*columns, strict=False)))  # repeat(): endless
 
 
 def _phase(prefill_rows: int) -> str:
@@ -301,6 +304,7 @@ class RunnerLog:
         self.engine_version = engine_version
         self.log = log
         self.rank: int | None = None  # once torch.distributed is up: asking it costs more than a row
+        self.last_line: tuple[int, bool, Sequence[ScheduledRequest]] | None = None  # step, dumped, rows (for routing)
 
     def write(
         self,
@@ -320,5 +324,6 @@ class RunnerLog:
         # The line is built off the step, from the rows as they are now (each step's list is a new one).
         args = (self.engine, self.engine_version, rank, step, dumped, requests, forward_mode, time.time())
         self.log.write_later(step_line, args)
+        self.last_line = step, dumped, requests
         if dumped:  # the line that ties msprobe's dump to its requests: on disk before the forward runs
             flush()

@@ -15,6 +15,7 @@ the engine (:func:`read_settings`: a failure gives null and one log line per rec
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,14 +49,28 @@ class EvidenceLogs:
         if lines:
             self.requests.write_line("\n".join(lines))
 
-    def write_requests_later(self, requests: Sequence[tuple[Any, ...]]) -> None:
-        """A step's new requests, each :func:`request_line`'s arguments with its ``time``: encoded off the step."""
+    def write_requests_later(
+        self,
+        requests: Sequence[tuple[str, Sequence[Any] | None, Iterable[int] | None]],
+        at: float,
+        client_id: Callable[[str], str],
+    ) -> None:
+        """A step's new requests, each (the engine's id, :func:`read_sampling`'s values, the prompt's ids), scheduled
+        at ``at``: encoded off the step (``client_id`` turns an engine's id into the client's there). The step's
+        dispatch line, handed over next, wakes the writer for them."""
         if requests:
-            self.requests.write_later(_request_lines, (requests,))
+            self.requests.write_later(_request_lines, (requests, at, client_id), wake=False)
 
 
-def _request_lines(requests: Sequence[tuple[Any, ...]]) -> str:
-    return "\n".join(request_line(*arguments) for arguments in requests)
+def _request_lines(
+    requests: Sequence[tuple[str, Sequence[Any] | None, Iterable[int] | None]],
+    at: float,
+    client_id: Callable[[str], str],
+) -> str:
+    return "\n".join(
+        request_line(request_id, client_id(request_id), _sampling_dict(values), ids, at)
+        for request_id, values, ids in requests
+    )
 
 
 def write_engine_line(
@@ -123,6 +138,25 @@ def sampling_values(params: Any, **held_elsewhere: Any) -> dict[str, Any]:
     """A request's :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` read off its sampling parameters object by name (None
     where it has no such attribute), but for the keys the engine holds elsewhere, given as ``held_elsewhere``."""
     return {key: held_elsewhere[key] if key in held_elsewhere else getattr(params, key, None) for key in SAMPLING_KEYS}
+
+
+_SAMPLING_ATTRIBUTES = operator.attrgetter(*SAMPLING_KEYS)
+
+
+def read_sampling(params: Any) -> tuple[Any, ...] | None:
+    """A request's :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` values off its sampling parameters object, in that
+    order (None where it has no such attribute; None for no object: a pooling request). One C call when the object
+    has them all: it runs on the step, once per new request."""
+    if params is None:
+        return None
+    try:
+        return _SAMPLING_ATTRIBUTES(params)
+    except AttributeError:
+        return tuple(getattr(params, key, None) for key in SAMPLING_KEYS)
+
+
+def _sampling_dict(values: Sequence[Any] | None) -> dict[str, Any] | None:
+    return None if values is None else dict(zip(SAMPLING_KEYS, values, strict=True))
 
 
 def kv_cache_dtype_name(configured: Any, model_dtype: Any) -> str | None:

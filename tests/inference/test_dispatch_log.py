@@ -23,6 +23,7 @@ from msprobe_hooks.inference.dispatch_log import (
     step_line,
 )
 from msprobe_hooks.join_keys import DISPATCH_LOG, prompt_hash
+from msprobe_hooks.jsonl import JsonlLog
 
 
 def request(rid: str, tokens: int, computed: int, prompt_len: int, new: bool = False) -> ScheduledRequest:
@@ -209,6 +210,76 @@ def test_a_step_hands_its_line_over_and_finds_every_earlier_one_on_disk(tmp_path
     assert on_disk() == list(range(6))
     line = json.loads(path.read_text().splitlines()[0])
     assert line["requests"][0]["computed_tokens"] == 5 and line["rank"] == 0 and not idle_writer.waiting
+
+
+def test_a_step_of_two_files_wakes_the_writer_once_and_never_writes_its_own_first_line(tmp_path, idle_writer):
+    # vLLM's step hands over its new requests' lines (requests.jsonl) then its dispatch line: a second wake-up found
+    # the thread busy with the first, and the step then wrote both itself.
+    requests_log, dispatch = JsonlLog(str(tmp_path), "requests.jsonl", deferred=True), open_log(str(tmp_path))
+    folder = tmp_path / str(os.getpid())
+
+    def step(number: int) -> None:
+        requests_log.write_later(str, (f'{{"request":{number}}}',), wake=False)
+        assert idle_writer.doorbell.empty()  # not rung for a line of a step still being handed over
+        assert not (folder / "requests.jsonl").exists() or f'"request":{number}' not in on_disk("requests.jsonl")
+        dispatch.write_later(str, (f'{{"step":{number}}}',))
+        assert idle_writer.doorbell.get_nowait() is None and idle_writer.doorbell.empty()  # rung once
+
+    def on_disk(name: str) -> str:
+        return (folder / name).read_text()
+
+    step(0)
+    assert not folder.exists()  # both lines of step 0 wait for the thread: nothing written on the step
+    step(1)  # step 0's lines (the thread lags) are written by step 1 before its own, never step 1's
+    assert on_disk("requests.jsonl") == '{"request":0}\n' and on_disk("dispatch_log.jsonl") == '{"step":0}\n'
+    jsonl.flush()
+    assert on_disk("requests.jsonl").splitlines()[1] == '{"request":1}' and not idle_writer.waiting
+
+
+def test_steps_at_a_steady_pace_are_written_on_the_writers_timer_not_rung_for(tmp_path, idle_writer, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(jsonl.time, "monotonic", lambda: clock[0])
+    log = open_log(str(tmp_path))
+    rung: list[bool] = []
+
+    def step(at: float) -> None:
+        clock[0] = at
+        log.write_later(str, (f'{{"at":{at}}}',))
+        rung.append(not idle_writer.doorbell.empty())
+        while not idle_writer.doorbell.empty():
+            idle_writer.doorbell.get_nowait()
+
+    def thread_writes(at: float) -> float | None:
+        """The writer thread's part once woken at ``at``: the lines written, its timer set (None: wait to be rung)."""
+        idle_writer.drain()
+        with idle_writer.guard:
+            return idle_writer.next_wake(at)
+
+    for at in (100.000, 100.010):  # the first steps: no pace yet
+        step(at)
+        assert thread_writes(at + 0.001) is None
+    step(100.020)  # two intervals of 10 ms: steady; the timer is set for a tenth of a step after the next
+    assert thread_writes(100.021) == pytest.approx(0.020 + 0.011 - 0.021)
+    step(100.030)  # not rung: the timer wakes the thread at 100.031 and it finds the line
+    assert idle_writer.timer_finds_lines() and thread_writes(100.031) == pytest.approx(0.010)
+    # a step later than the timer: the thread finds nothing and waits to be rung, and that step rings
+    assert not idle_writer.timer_finds_lines() and not idle_writer.timed
+    step(100.050)
+    assert thread_writes(100.051) is None  # 10 ms then 20 ms: not steady
+    step(100.125)  # and slower steps than STEADY_STEPS_UP_TO_S always ring
+    step(100.205)
+    assert thread_writes(100.206) is None
+    assert rung == [True, True, True, False, True, True, True]
+    assert (tmp_path / str(os.getpid()) / DISPATCH_LOG).read_text().count("\n") == 7
+
+
+def test_a_timer_that_finds_only_an_unfinished_step_waits_for_its_ring(tmp_path, idle_writer):
+    requests_log = JsonlLog(str(tmp_path), "requests.jsonl", deferred=True)
+    idle_writer.timed = True
+    requests_log.write_later(str, ('{"request":1}',), wake=False)  # the step's dispatch line comes next
+    assert not idle_writer.timer_finds_lines() and not idle_writer.timed
+    open_log(str(tmp_path)).write_later(str, ('{"step":1}',))
+    assert not idle_writer.doorbell.empty()  # rung: the thread's timer is no longer set
 
 
 def test_a_line_that_cannot_be_built_is_said_once_and_the_others_are_written(tmp_path, idle_writer, hook_warnings):

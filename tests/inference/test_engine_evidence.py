@@ -333,3 +333,27 @@ def test_steps_of_running_requests_read_as_columns_give_the_rows_read_one_by_one
         ("b-89abcdef", "b", False, 1, 5, 2, hb, False),
         ("c-00000000", "c", False, 1, 9, 2, prompt_hash([7, 8]), False),
     ]
+
+
+def test_new_requests_are_hashed_when_their_rows_are_read_never_on_the_step(tmp_path, monkeypatch):
+    from msprobe_hooks.inference import dispatch_log
+
+    hashed: list[list[int]] = []
+    monkeypatch.setattr(dispatch_log, "prompt_hash", lambda ids: hashed.append(list(ids)) or prompt_hash(ids))
+    runner = make_runner()
+    state = make_state(runner, tmp_path)
+    a, b = new_request("a-0123abcd", [1, 2, 3]), new_request("b-89abcdef", [4, 5])
+    first = scheduled_requests(
+        runner, Step(runner, [a, b], [("a-0123abcd", 3, 0, 3), ("b-89abcdef", 2, 0, 2)]).output, state
+    )
+    assert len(first) == 2 and hashed == []  # the step made no row: 20 us a prompt of 2,000 tokens
+    del runner.requests["b-89abcdef"]  # over (a one-token request) before anything read the step's rows
+    # the next step needs what they found (its rows come from what the last step's new requests are): made first
+    second = scheduled_requests(runner, Step(runner, [], [("a-0123abcd", 1, 3, 3)]).output, state)
+    assert hashed == [[1, 2, 3], [4, 5]]  # b's prompt as the step held it, though the runner no longer does
+    assert [(row.request_id_base, row.prompt_hash) for row in first] == [
+        ("a", prompt_hash([1, 2, 3])),
+        ("b", prompt_hash([4, 5])),
+    ]
+    assert [tuple(row) for row in second] == [("a-0123abcd", "a", False, 1, 3, 3, prompt_hash([1, 2, 3]), False)]
+    assert hashed == [[1, 2, 3], [4, 5]]  # once a request, however often its rows are read

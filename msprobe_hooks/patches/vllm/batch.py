@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from msprobe_hooks.inference.dispatch_log import RunningRows, ScheduledRequest, make_scheduled_request
+from msprobe_hooks.inference.dispatch_log import (
+    DeferredRows,
+    ScheduledRequest,
+    make_scheduled_request,
+    rows_of_columns,
+)
 from msprobe_hooks.patches.vllm.runner_state import VllmRunner
 
 
 def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) -> Sequence[ScheduledRequest]:
-    """The step's requests in packed order: ``input_batch`` rows as ``_update_states`` left them."""
+    """The step's requests in packed order: ``input_batch`` rows as ``_update_states`` left them, made when first
+    read (:class:`DeferredRows`)."""
+    last_new, state.last_new = state.last_new, None
+    if last_new is not None:
+        last_new.made()  # what its new requests are (client ids, prompt hashes): this step's rows need them
     batch = runner.input_batch
     request_ids = batch.req_ids
     rows = len(request_ids)
@@ -23,30 +33,39 @@ def scheduled_requests(runner: Any, scheduler_output: Any, state: VllmRunner) ->
             return running
     state.last_batch = None
     prompt_lens = batch.num_prompt_tokens[:rows].tolist()
-    known = state.known
     new_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs}
-    requests = []
+    held = runner.requests
+    columns = []
     for request_id, done, prompt_len in zip(request_ids, computed, prompt_lens, strict=True):
         scheduled = tokens.get(request_id)
-        if not scheduled:
-            continue
-        new = request_id in new_ids
+        if scheduled:  # the prompt's list taken now: the request may be over and gone when the rows are made
+            prompt = getattr(held.get(request_id), "prompt_token_ids", None)
+            columns.append((request_id, request_id in new_ids, scheduled, done, prompt_len, prompt))
+    if len(state.known) > 2 * len(held) + 64:  # finished requests piled up
+        state.known = {k: v for k, v in state.known.items() if k in held}
+    state.prompts.retain(held)
+    requests = state.last_new = DeferredRows(len(columns), functools.partial(_identified, state, columns))
+    return requests
+
+
+def _identified(state: VllmRunner, columns: list[tuple[Any, ...]]) -> list[ScheduledRequest]:
+    """The rows of a step that is not all running requests: each request's client id and prompt hash found once."""
+    known = state.known
+    requests = []
+    for request_id, new, scheduled, done, prompt_len, prompt in columns:
         identity = known.get(request_id)
         if identity is None or new:  # a running request keeps its id and prompt: looked up once
-            identity = known[request_id] = state.identify(runner, request_id)
+            identity = known[request_id] = (state.client_id(request_id), state.prompts.get(request_id, prompt))
         base, prompt_hash = identity
         requests.append(
             make_scheduled_request((request_id, base, new, scheduled, done, prompt_len, prompt_hash, False))
         )
-    if len(known) > 2 * len(runner.requests) + 64:  # finished requests piled up
-        state.known = {k: v for k, v in known.items() if k in runner.requests}
-    state.prompts.retain(runner.requests)
     return requests
 
 
 def _running_rows(
     batch: Any, request_ids: list[str], computed: list[int], tokens: dict[str, int], state: VllmRunner
-) -> RunningRows | None:
+) -> DeferredRows | None:
     """Every row scheduled, none new (decode steps, mostly): the rows as columns, read in C, not row by row. What does
     not change while the batch holds the same requests in the same order comes from the last step."""
     last = state.last_batch
@@ -61,7 +80,7 @@ def _running_rows(
     ids, bases, prompt_lens, hashes = last
     rows = len(ids)
     counts = [1] * rows if sum(tokens.values()) == rows else list(map(tokens.__getitem__, ids))
-    return RunningRows(ids, bases, counts, computed, prompt_lens, hashes)
+    return DeferredRows(rows, functools.partial(rows_of_columns, ids, bases, counts, computed, prompt_lens, hashes))
 
 
 def not_eager(runner: Any) -> str | None:

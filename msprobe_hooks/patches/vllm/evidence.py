@@ -17,7 +17,7 @@ from typing import Any
 from msprobe_hooks.inference.dispatch_log import current_rank
 from msprobe_hooks.inference.evidence import (
     kv_cache_dtype_name,
-    sampling_values,
+    read_sampling,
     setting_text,
     write_engine_line,
 )
@@ -47,12 +47,9 @@ def describe_engine(state: VllmRunner, runner: Any) -> None:
 def record_requests(state: VllmRunner, new_requests: Sequence[Any]) -> None:
     """One ``requests.jsonl`` line per request the scheduler sends for the first time (``NewRequestData``; a
     request resumed after a preemption comes among the cached ones, and is not written again)."""
-    now = clock()
-    requests = [
-        (new.req_id, state.client_id(new.req_id), sampling(new.sampling_params), new.prompt_token_ids, now)
-        for new in new_requests
-    ]  # the engine's prompt lists, which it does not change: encoded off the step
-    state.evidence_logs().write_requests_later(requests)
+    requests = [(new.req_id, read_sampling(new.sampling_params), new.prompt_token_ids) for new in new_requests]
+    # the sampling values read now; the engine's prompt lists, which it does not change, encoded off the step
+    state.evidence_logs().write_requests_later(requests, clock(), state.client_id)
 
 
 def settings(runner: Any, model: Any) -> dict[str, Callable[[], Any]]:
@@ -78,11 +75,6 @@ def settings(runner: Any, model: Any) -> dict[str, Callable[[], Any]]:
         "logprobs_mode": lambda: setting_text(model_config.logprobs_mode),
         "max_model_len": lambda: model_config.max_model_len,
     }
-
-
-def sampling(params: Any) -> dict[str, Any] | None:
-    """A request's sampling parameters by :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` (None: a pooling request)."""
-    return None if params is None else sampling_values(params)
 
 
 def _head_dtype(model: Any, model_config: Any) -> Any:

@@ -18,6 +18,7 @@ from msprobe_hooks.contracts import module_version
 from msprobe_hooks.debugger import DebuggerUnavailable, get_debugger, is_recording, step_folder
 from msprobe_hooks.inference import routed_experts
 from msprobe_hooks.inference.dispatch_log import (
+    DeferredRows,
     PromptHashes,
     RunnerLog,
     ScheduledRequest,
@@ -67,6 +68,8 @@ class VllmRunner(RunnerLog):
         self.known: dict[str, tuple[str, str | None]] = {}  # request id -> (the id the client sent, prompt hash)
         # The last step's request ids (in batch order), with their bases, prompt lengths and hashes, when none was new
         self.last_batch: tuple[list[str], Sequence[str], list[int], Sequence[str | None]] | None = None
+        # The last step's rows when it brought new requests, until made: the next step reads what they find
+        self.last_new: DeferredRows | None = None
         self.counter = StepCounter()
         self.dump_root = cfg.generate_dump_root
         self.debugger: Any = None  # the msprobe debugger whose steps the lines follow
@@ -76,7 +79,6 @@ class VllmRunner(RunnerLog):
         self.depth = 0  # _update_states re-entered (a replacement that calls our wrapper)
         self.routing: RoutingRecorder | None = None  # the routers' choices of each dumped step (or every step)
         self.routing_bound = False  # the routers were looked for (once the model is loaded)
-        self.last_line: tuple[int, bool, list[ScheduledRequest]] | None = None  # the latest line's step
         self.evidence: EvidenceLogs | None = None  # engine.jsonl and requests.jsonl, beside the dispatch log
         self.described: tuple[Any, Any] | None = None  # (model, model_config) of the last engine.jsonl line
         self.logits: LogitsKeeper | None = None  # the logits of dumped steps, where msprobe leaves them out
@@ -100,18 +102,6 @@ class VllmRunner(RunnerLog):
         if self.evidence is None or self.evidence.root != self.dump_root:  # beside the dispatch log, wherever it went
             self.evidence = EvidenceLogs(self.dump_root)
         return self.evidence
-
-    def write(
-        self,
-        step: int,
-        dumped: bool,
-        requests: Sequence[ScheduledRequest],
-        forward_mode: str | None = None,
-        rank: int | None = None,
-    ) -> None:
-        super().write(step, dumped, requests, forward_mode, rank)
-        if self.routing is not None:  # only end_routing() reads it: no copy of the rows at every step otherwise
-            self.last_line = (step, dumped, list(requests))
 
     # --- the routers' choices (a driven dump, or MSPROBE_HOOKS_ROUTING) -------------------------
 
@@ -187,11 +177,6 @@ class VllmRunner(RunnerLog):
     def client_id(self, request_id: str) -> str:
         """The id the client sent, from the engine's."""
         return strip_vllm_suffix(request_id) if self.strips_suffix else request_id
-
-    def identify(self, runner: Any, request_id: str) -> tuple[str, str | None]:
-        """(the id the client sent, the prompt hash) of a request the runner holds."""
-        cached = runner.requests.get(request_id)
-        return self.client_id(request_id), self.prompts.get(request_id, getattr(cached, "prompt_token_ids", None))
 
     # --- driving msprobe (GPU vLLM) ------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -257,9 +258,11 @@ def ray_cluster(env: dict[str, str], ray_temp: str, log: Path) -> Iterator[str]:
         started.wait()
 
 
-def kill_session(sid: int) -> None:
-    """SIGKILL every live process of session ``sid``. Not the process group: Ray's workers put themselves in
-    groups of their own. A few passes, as a process may fork while the others are being killed."""
+def kill_session(sid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL every live process of session ``sid`` and wait until each has exited (up to ``timeout_s`` a pass):
+    the kernel ends a killed process only once it next runs, which on a busy machine is later. Not the process
+    group: Ray's workers put themselves in groups of their own. A few passes, as a process may fork while the
+    others are being killed."""
     for _ in range(3):
         alive = [pid for pid in _processes() if _live_session(pid) == sid]
         if not alive:
@@ -267,6 +270,20 @@ def kill_session(sid: int) -> None:
         for pid in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        _wait_exited(alive, time.monotonic() + timeout_s)
+
+
+def _wait_exited(pids: Sequence[int], deadline: float) -> None:
+    """Until each of ``pids`` has exited (a zombie has) or ``deadline`` passes: a pidfd is readable once it has."""
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except OSError:  # gone already
+            continue
+        try:
+            select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(handle)
 
 
 def _processes() -> list[int]:

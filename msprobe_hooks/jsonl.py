@@ -6,7 +6,7 @@ can cut a write that crosses a page, leaving that one record unterminated at the
 where readers skip it (tests/faults measures it). A log written at every engine step (the dispatch
 log) hands its lines to this process's writer thread instead (:meth:`JsonlLog.write_later`): the step pays a
 list append, the thread builds and writes the line (whole lines, one ``os.write`` for all that wait) while
-the step runs on, and a line still waiting when the next step's come is written by the caller first, so a kill
+the step runs on, and a line still waiting when the next step's lines come is written by the caller first, so a kill
 still loses at most the lines of the latest step. The step wakes the thread, unless steps come at a steady pace
 (each at most ``STEADY_STEPS_UP_TO_S``): the thread's own timer then wakes it a tenth of a step after the next
 step's lines are due. :func:`flush` (also run at exit) writes what waits at once. A write that the disk cuts short
@@ -138,7 +138,7 @@ class JsonlLog:
                 return
             writer.held = 0
             writer.handed_over()
-            # The first line since the writer took the last ones wakes it, unless its timer is set for this step's
+            # The first line since the writer took the last ones wakes it, unless its timer is set for this step's lines
             ring, writer.rung = not writer.rung and not writer.timed, True
         if writer.thread is None:  # no thread could start (the interpreter is shutting down): written now
             writer.drain()

@@ -44,7 +44,8 @@ DUMP_DIR_ACCEPTED = "a directory path this process can create or write into"
 
 # What msprobe 26.2 accepts (msprobe/core/common/const.py); checked here so that a bad config
 # stops the job at start-up instead of at the first dump, an hour in.
-MSPROBE_TASKS = ("statistics", "tensor", "structure", "diff_check", "acc_check", "nan_check")
+TENSOR_TASK = "tensor"  # the task whose dumps hold the values (L2 needs it; the logits check reads values)
+MSPROBE_TASKS = ("statistics", TENSOR_TASK, "structure", "diff_check", "acc_check", "nan_check")
 MSPROBE_LEVELS = ("L0", "L1", "L2", "mix", "debug")
 
 
@@ -522,7 +523,7 @@ def read_msprobe_config(name: str, path: str) -> dict:
     level = data.get("level", "L1")
     if level not in MSPROBE_LEVELS:
         raise ValueError(_bad(name, path, "level one of " + ", ".join(MSPROBE_LEVELS), f"level={level!r}"))
-    if level == "L2" and task != "tensor":
+    if level == "L2" and task != TENSOR_TASK:
         raise ValueError(_bad(name, path, "level L2 with task tensor", "msprobe requires task tensor at L2"))
     for key in ("step", "rank"):
         if key in data and not _check_step_list(data[key]):

@@ -136,8 +136,10 @@ def request_line(
 
 def sampling_values(params: Any, **held_elsewhere: Any) -> dict[str, Any]:
     """A request's :data:`~msprobe_hooks.numerics.SAMPLING_KEYS` read off its sampling parameters object by name (None
-    where it has no such attribute), but for the keys the engine holds elsewhere, given as ``held_elsewhere``."""
-    return {key: held_elsewhere[key] if key in held_elsewhere else getattr(params, key, None) for key in SAMPLING_KEYS}
+    where it has no such attribute, or no object), but for the keys the engine holds elsewhere, given as
+    ``held_elsewhere``."""
+    values = read_sampling(params) or (None,) * len(SAMPLING_KEYS)
+    return {key: held_elsewhere.get(key, value) for key, value in zip(SAMPLING_KEYS, values, strict=True)}
 
 
 _SAMPLING_ATTRIBUTES = operator.attrgetter(*SAMPLING_KEYS)

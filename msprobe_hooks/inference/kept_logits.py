@@ -14,10 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from msprobe_hooks.config import TENSOR_TASK
 from msprobe_hooks.join_keys import LOGITS_FILE
 from msprobe_hooks.log import logger
-
-TENSOR_TASK = "tensor"  # msprobe's task whose dumps hold values (the logits check reads values)
 
 
 class LogitsKeeper:
